@@ -1,0 +1,41 @@
+"""profile.outbox_messages (DESIGN 2.3)."""
+
+import uuid
+
+from django.contrib.postgres.functions import RandomUUID
+from django.db import models
+from django.db.models.functions import Now
+
+
+class OutboxMessage(models.Model):
+    """An integration event waiting for (or done with) publication to Kafka."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, db_default=RandomUUID(), editable=False)
+    aggregate_type = models.CharField(max_length=64)
+    aggregate_id = models.CharField(max_length=64)
+    event_type = models.CharField(max_length=128)
+    contract_version = models.IntegerField()
+    topic = models.CharField(max_length=249)
+    message_key = models.CharField(max_length=256)
+    payload = models.JSONField()
+    headers = models.JSONField()
+    created_at = models.DateTimeField(db_default=Now())
+    published_at = models.DateTimeField(null=True)
+    attempts = models.IntegerField(default=0, db_default=0)
+    last_error = models.TextField(null=True)
+    parked_at = models.DateTimeField(
+        null=True, help_text="Set when the relay gave up on the message; re-queue to retry"
+    )
+
+    class Meta:
+        db_table = "outbox_messages"
+        indexes = [
+            models.Index(
+                fields=["created_at"],
+                name="ix_outbox_messages_unpublished",
+                condition=models.Q(published_at__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.event_type} {self.id}"

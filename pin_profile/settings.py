@@ -1,0 +1,120 @@
+"""Settings of the pin_profile project, read from the environment (django-environ).
+
+Only what Django itself needs lives here. The worker's own settings
+(REMINDER_*) are parsed and validated by `reminders.config`, so that a bad
+value fails the command with a clear message instead of at import time.
+"""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="dev-only-insecure-key-change-me")
+DEBUG = env.bool("DJANGO_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "reminders",
+    "outbox",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "pin_profile.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+WSGI_APPLICATION = "pin_profile.wsgi.application"
+
+# Every table lives in the PostgreSQL schema `profile`, reached through search_path.
+DB_SCHEMA = "profile"
+DATABASE_URL = env.str("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/pin_profile")
+_db = env.db_url_config(DATABASE_URL)
+if _db.get("ENGINE") != "django.db.backends.postgresql":
+    from django.core.exceptions import ImproperlyConfigured
+
+    raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL")
+# Timeouts so that no failure hangs forever (values in milliseconds, PostgreSQL's unit).
+_timeouts = {
+    "statement_timeout": env.int("DB_STATEMENT_TIMEOUT_MS", default=300_000),
+    "lock_timeout": env.int("DB_LOCK_TIMEOUT_MS", default=60_000),
+    "idle_in_transaction_session_timeout": env.int("DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", default=120_000),
+}
+_db["OPTIONS"] = {
+    "options": f"-c search_path={DB_SCHEMA},public "
+    + " ".join(f"-c {name}={value}" for name, value in _timeouts.items()),
+    "connect_timeout": env.int("DB_CONNECT_TIMEOUT_S", default=10),
+    "application_name": env.str("DB_APPLICATION_NAME", default="pin-profile-reminders"),
+}
+_db["CONN_HEALTH_CHECKS"] = True
+DATABASES = {"default": _db}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "artifacts" / "static"
+
+# Index names are the design's (DESIGN 2.2), longer than Django's 30-character habit;
+# PostgreSQL allows 63.
+SILENCED_SYSTEM_CHECKS = ["models.E034"]
+
+LOG_FORMAT = env.str("LOG_FORMAT", default="auto")  # auto | json | text
+LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "structured": {"()": "reminders.logs.StructuredFormatter", "fmt": LOG_FORMAT},
+    },
+    "handlers": {
+        "stderr": {"class": "logging.StreamHandler", "formatter": "structured"},
+    },
+    "loggers": {
+        "reminders": {"handlers": ["stderr"], "level": LOG_LEVEL, "propagate": False},
+        "outbox": {"handlers": ["stderr"], "level": LOG_LEVEL, "propagate": False},
+    },
+    "root": {"handlers": ["stderr"], "level": "WARNING"},
+}

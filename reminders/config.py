@@ -1,0 +1,140 @@
+"""The worker's settings, parsed from the environment and validated before any database work.
+
+Every problem raises `ConfigError`, whose message names the variable and what is
+wrong; commands turn it into one line on stderr and exit code 2.
+"""
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import time, timedelta
+
+DEFAULT_THRESHOLDS = (30, 7, 1, 0)
+
+_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
+_UNITS = {
+    "ms": timedelta(milliseconds=1),
+    "s": timedelta(seconds=1),
+    "m": timedelta(minutes=1),
+    "h": timedelta(hours=1),
+    "d": timedelta(days=1),
+}
+
+
+class ConfigError(ValueError):
+    """A setting is missing or malformed; the message names it."""
+
+    def __init__(self, name: str, problem: str) -> None:
+        super().__init__(f"{name}: {problem}")
+        self.name = name
+
+
+@dataclass(frozen=True, slots=True)
+class ReminderSettings:
+    """What one cycle and the loop need (DESIGN 3, "Inputs" and "Schedule")."""
+
+    thresholds: tuple[int, ...] = DEFAULT_THRESHOLDS
+    batch_size: int = 500
+    polling_interval: timedelta = timedelta(hours=24)
+    run_at_utc: time = time(3, 0)
+    max_run_duration: timedelta = timedelta(minutes=10)
+    retention_days: int = 90
+
+    def with_overrides(self, **changes: object) -> "ReminderSettings":
+        """A copy with command-line overrides applied (None means keep)."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})  # type: ignore[arg-type]
+
+
+def parse_thresholds(name: str, raw: str) -> tuple[int, ...]:
+    """`30,7,1,0` -> (30, 7, 1, 0): non-empty, integers >= 0, distinct, sorted descending."""
+    parts = [p.strip() for p in raw.split(",")]
+    if raw.strip() == "" or any(p == "" for p in parts):
+        raise ConfigError(name, f"expected comma-separated whole numbers like 30,7,1,0, got {raw!r}")
+    values: list[int] = []
+    for part in parts:
+        if not re.fullmatch(r"-?\d+", part):
+            raise ConfigError(name, f"{part!r} is not a whole number")
+        values.append(int(part))
+    if any(v < 0 for v in values):
+        raise ConfigError(name, f"thresholds must be >= 0, got {raw!r}")
+    if len(set(values)) != len(values):
+        raise ConfigError(name, f"thresholds must be distinct, got {raw!r}")
+    if values != sorted(values, reverse=True):
+        raise ConfigError(name, f"thresholds must be sorted descending, got {raw!r}")
+    return tuple(values)
+
+
+def parse_positive_int(name: str, raw: str, *, allow_zero: bool = False) -> int:
+    """A whole number > 0 (or >= 0 with `allow_zero`)."""
+    text = raw.strip()
+    if not re.fullmatch(r"-?\d+", text):
+        raise ConfigError(name, f"expected a whole number, got {raw!r}")
+    value = int(text)
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ConfigError(name, f"must be {bound}, got {value}")
+    return value
+
+
+def parse_duration(name: str, raw: str) -> timedelta:
+    """`24h`, `10m`, `90s`, `1h30m`, `500ms`, or bare seconds; must be > 0."""
+    text = raw.strip().lower()
+    if re.fullmatch(r"\d+", text):
+        total = timedelta(seconds=int(text))
+    elif text and _DURATION_PART.sub("", text) == "":
+        total = sum(
+            (int(n) * _UNITS[unit] for n, unit in _DURATION_PART.findall(text)), timedelta()
+        )
+    else:
+        raise ConfigError(
+            name, f"expected a duration like 24h, 10m, 90s or 1h30m, got {raw!r}"
+        )
+    if total <= timedelta(0):
+        raise ConfigError(name, f"must be longer than zero, got {raw!r}")
+    return total
+
+
+def parse_time_of_day(name: str, raw: str) -> time:
+    """`03:00` (or `03:00:00`), a UTC time of day."""
+    match = re.fullmatch(r"(\d{1,2}):(\d{2})(?::(\d{2}))?", raw.strip())
+    if not match:
+        raise ConfigError(name, f"expected a UTC time of day like 03:00, got {raw!r}")
+    hour, minute, second = int(match[1]), int(match[2]), int(match[3] or 0)
+    if hour > 23 or minute > 59 or second > 59:
+        raise ConfigError(name, f"{raw!r} is not a valid time of day")
+    return time(hour, minute, second)
+
+
+def load_settings(environ: Mapping[str, str]) -> ReminderSettings:
+    """Read REMINDER_* from `environ`, defaults for what is unset; raise ConfigError on bad input."""
+    defaults = ReminderSettings()
+
+    def get(name: str) -> str | None:
+        return environ.get(name)
+
+    thresholds = defaults.thresholds
+    if (raw := get("REMINDER_THRESHOLDS_DAYS")) is not None:
+        thresholds = parse_thresholds("REMINDER_THRESHOLDS_DAYS", raw)
+    batch_size = defaults.batch_size
+    if (raw := get("REMINDER_BATCH_SIZE")) is not None:
+        batch_size = parse_positive_int("REMINDER_BATCH_SIZE", raw)
+    interval = defaults.polling_interval
+    if (raw := get("REMINDER_POLLING_INTERVAL")) is not None:
+        interval = parse_duration("REMINDER_POLLING_INTERVAL", raw)
+    run_at = defaults.run_at_utc
+    if (raw := get("REMINDER_RUN_AT_UTC")) is not None:
+        run_at = parse_time_of_day("REMINDER_RUN_AT_UTC", raw)
+    max_run = defaults.max_run_duration
+    if (raw := get("REMINDER_MAX_RUN_DURATION")) is not None:
+        max_run = parse_duration("REMINDER_MAX_RUN_DURATION", raw)
+    retention = defaults.retention_days
+    if (raw := get("REMINDER_RETENTION_DAYS")) is not None:
+        retention = parse_positive_int("REMINDER_RETENTION_DAYS", raw, allow_zero=True)
+    return ReminderSettings(
+        thresholds=thresholds,
+        batch_size=batch_size,
+        polling_interval=interval,
+        run_at_utc=run_at,
+        max_run_duration=max_run,
+        retention_days=retention,
+    )

@@ -1,0 +1,351 @@
+"""One reminder cycle (DESIGN 3): census, due owners in urgency order, per-batch claim and
+event, owner-by-owner retry on failure, chunked prune, result.
+
+Owners are the unit: a batch holds whole owners (about `batch_size` documents), commits its
+markers and events together, and on failure is retried owner by owner so that one failing
+owner loses nothing for the others.
+"""
+
+import logging
+import socket
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from typing import Any
+
+import psycopg
+from django.db import Error as DjangoDatabaseError
+from django.db import connections, transaction
+
+from reminders import rules, store
+from reminders.config import ReminderSettings
+from reminders.logs import log_event
+from reminders.models import ReminderRun
+
+logger = logging.getLogger("reminders.cycle")
+
+DatabaseErrors = (psycopg.Error, DjangoDatabaseError)
+PRUNE_CHUNK = 5_000
+
+Clock = Callable[[], float]
+Progress = Callable[[int, int], None]
+
+
+@dataclass(slots=True)
+class CycleResult:
+    """The counters of DESIGN 3 step 7, and how the cycle ended."""
+
+    run_id: uuid.UUID
+    as_of: datetime
+    status: str = ReminderRun.Status.RUNNING
+    dry_run: bool = False
+    window_documents: int = 0
+    due_documents: int = 0
+    reminders_sent: int = 0
+    owners_notified: int = 0
+    markers_written: int = 0
+    skipped_already_marked: int = 0
+    pruned: int = 0
+    failed_owners: int = 0
+    duration_ms: int = 0
+    error: str | None = None
+    reminders_by_threshold: Counter[int] = field(default_factory=Counter)
+    owners_processed: int = 0
+    documents_processed: int = 0
+
+    def counters(self) -> dict[str, int]:
+        """The counters recorded in the run history."""
+        return {
+            "reminders_sent": self.reminders_sent,
+            "owners_notified": self.owners_notified,
+            "markers_written": self.markers_written,
+            "skipped_already_marked": self.skipped_already_marked,
+            "pruned": self.pruned,
+            "failed_owners": self.failed_owners,
+        }
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing failed (a timed-out or stopped cycle is fine: the rest waits)."""
+        return self.failed_owners == 0 and self.status != ReminderRun.Status.FAILED
+
+
+@dataclass(frozen=True, slots=True)
+class _Queued:
+    owner_user_id: uuid.UUID
+    document_id: uuid.UUID
+    type: str
+    threshold_days: int
+    days_left: int
+
+
+@dataclass(slots=True)
+class _BatchOutcome:
+    markers_won: int = 0
+    events_written: int = 0
+    queued: list[_Queued] = field(default_factory=list)
+    due_documents: int = 0
+
+
+class ConnectionLostError(Exception):
+    """The database connection was lost mid-cycle; the cycle ends as failed."""
+
+
+def _connection_alive(using: str) -> bool:
+    wrapper = connections[using]
+    raw = wrapper.connection
+    return raw is not None and not raw.closed and wrapper.is_usable()
+
+
+def owner_batches(
+    rows: Callable[[int], Sequence[tuple[Any, ...]]], batch_size: int
+) -> Iterator[list[uuid.UUID]]:
+    """Group due-owner rows `(owner, first expiry, due documents)` into batches of about
+    `batch_size` documents, never splitting an owner (one with more goes alone)."""
+    batch: list[uuid.UUID] = []
+    documents = 0
+    while chunk := rows(batch_size):
+        for owner_id, _first_expiry, due in chunk:
+            if batch and documents + int(due) > batch_size:
+                yield batch
+                batch, documents = [], 0
+            batch.append(owner_id)
+            documents += int(due)
+    if batch:
+        yield batch
+
+
+class Cycle:
+    """Runs one cycle; build it with the settings and call `run()`."""
+
+    def __init__(
+        self,
+        settings: ReminderSettings,
+        *,
+        as_of: datetime | None = None,
+        using: str = "default",
+        stop: threading.Event | None = None,
+        clock: Clock = time.monotonic,
+        dry_run: bool = False,
+        progress: Progress | None = None,
+        extra_headers: dict[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.as_of = (as_of or datetime.now(UTC)).astimezone(UTC)
+        self.as_of_date = rules.utc_date(self.as_of)
+        self.window = rules.scan_window(
+            self.as_of_date, settings.thresholds, settings.retention_days
+        )
+        self.using = using
+        self.stop = stop or threading.Event()
+        self.clock = clock
+        self.dry_run = dry_run
+        self.progress = progress
+        self.extra_headers = extra_headers
+        self.result = CycleResult(run_id=uuid.uuid4(), as_of=self.as_of, dry_run=dry_run)
+        self._deadline = 0.0
+
+    # --- the cycle -------------------------------------------------------------------------
+
+    def run(self) -> CycleResult:
+        """Run the cycle to its end (done, timed out, stopped or failed) and return its result."""
+        started = self.clock()
+        self._deadline = started + self.settings.max_run_duration.total_seconds()
+        result = self.result
+        log_event(
+            logger, logging.INFO, "cycle started",
+            run_id=result.run_id, as_of=self.as_of, thresholds=list(self.settings.thresholds),
+            batch_size=self.settings.batch_size, dry_run=self.dry_run,
+            window=[self.window.first_day, self.window.last_day],
+        )
+        try:
+            if not self.dry_run:
+                store.start_run(
+                    self.using, result.run_id, self.as_of, self.settings.thresholds,
+                    socket.gethostname(),
+                )
+            result.window_documents, result.due_documents = store.window_census(
+                self.using, self.window, self.settings.thresholds, self.as_of_date
+            )
+            result.skipped_already_marked = result.window_documents - result.due_documents
+            result.status = self._remind_due_owners()
+            if result.status == ReminderRun.Status.SUCCEEDED:
+                result.pruned = self._prune()
+                if result.failed_owners:
+                    result.status = ReminderRun.Status.PARTIAL
+        except (ConnectionLostError, *DatabaseErrors) as exc:
+            result.status = ReminderRun.Status.FAILED
+            result.error = f"{type(exc).__name__}: {exc}".strip()[:2000]
+            log_event(logger, logging.ERROR, "cycle failed", run_id=result.run_id,
+                      error=result.error)
+        result.duration_ms = int((self.clock() - started) * 1000)
+        self._record_finish()
+        log_event(
+            logger, logging.INFO, "cycle completed",
+            run_id=result.run_id, status=result.status, dry_run=self.dry_run,
+            reminders_sent=result.reminders_sent, owners_notified=result.owners_notified,
+            markers_written=result.markers_written,
+            skipped_already_marked=result.skipped_already_marked, pruned=result.pruned,
+            failed_owners=result.failed_owners, duration_ms=result.duration_ms,
+            reminders_by_threshold={str(k): v for k, v in sorted(result.reminders_by_threshold.items())},
+        )
+        return result
+
+    def _out_of_time(self) -> bool:
+        return self.clock() >= self._deadline
+
+    def _remind_due_owners(self) -> str:
+        with store.due_owners(
+            self.using, self.window, self.settings.thresholds, self.as_of_date
+        ) as cursor:
+            for owner_ids in owner_batches(cursor.fetchmany, self.settings.batch_size):
+                if self.stop.is_set():
+                    log_event(logger, logging.WARNING, "cycle stopping on signal",
+                              run_id=self.result.run_id)
+                    return ReminderRun.Status.STOPPED
+                if self._out_of_time():
+                    log_event(logger, logging.WARNING, "cycle out of time",
+                              run_id=self.result.run_id,
+                              max_run_duration_s=self.settings.max_run_duration.total_seconds())
+                    return ReminderRun.Status.TIMED_OUT
+                log_event(logger, logging.DEBUG, "batch selected", run_id=self.result.run_id,
+                          owners=len(owner_ids))
+                self._remind_batch(owner_ids)
+                if self.progress:
+                    self.progress(self.result.documents_processed, self.result.due_documents)
+        return ReminderRun.Status.SUCCEEDED
+
+    def _remind_batch(self, owner_ids: list[uuid.UUID]) -> None:
+        try:
+            outcome = self._in_transaction(owner_ids)
+        except DatabaseErrors:
+            if not _connection_alive(self.using):
+                self._fail_owners(owner_ids, "connection lost")
+                raise ConnectionLostError("database connection lost") from None
+            log_event(logger, logging.WARNING, "batch failed, retrying owner by owner",
+                      run_id=self.result.run_id, owners=len(owner_ids), exc_info=True)
+            for owner_id in owner_ids:
+                try:
+                    self._account(self._in_transaction([owner_id]), owners=1)
+                except DatabaseErrors as exc:
+                    self._fail_owners([owner_id], f"{type(exc).__name__}: {exc}".strip())
+                    if not _connection_alive(self.using):
+                        raise ConnectionLostError("database connection lost") from None
+            return
+        self._account(outcome, owners=len(owner_ids))
+
+    def _in_transaction(self, owner_ids: list[uuid.UUID]) -> _BatchOutcome:
+        if self.dry_run:
+            return self._plan_and_claim(owner_ids)
+        with transaction.atomic(using=self.using, durable=True):
+            return self._plan_and_claim(owner_ids)
+
+    def _plan_and_claim(self, owner_ids: list[uuid.UUID]) -> _BatchOutcome:
+        documents = store.batch_documents(self.using, owner_ids, self.window)
+        plan = store.ClaimPlan()
+        candidates: dict[uuid.UUID, _Queued] = {}
+        outcome = _BatchOutcome()
+        for doc in documents:
+            decision = rules.decide(
+                doc.expires_on, self.as_of_date, self.settings.thresholds, doc.marked
+            )
+            if decision is None:
+                continue
+            outcome.due_documents += 1
+            for threshold in decision.markers:
+                plan.add_marker(doc, threshold, notified=threshold == decision.notify)
+            if decision.notify is not None:
+                plan.add_item(doc, decision.days_left)
+                candidates[doc.id] = _Queued(
+                    doc.owner_user_id, doc.id, doc.type, decision.notify, decision.days_left
+                )
+        if not plan:
+            return outcome
+        if self.dry_run:
+            outcome.markers_won = len(plan.m_document_ids)
+            outcome.queued = list(candidates.values())
+            outcome.events_written = len({q.owner_user_id for q in outcome.queued})
+            return outcome
+        claimed = store.claim_and_write(
+            self.using, plan, run_id=self.result.run_id, as_of=self.as_of,
+            extra_headers=self.extra_headers,
+        )
+        outcome.markers_won = claimed.markers_won
+        outcome.events_written = claimed.events_written
+        outcome.queued = [candidates[d] for d in claimed.notified_document_ids]
+        return outcome
+
+    def _account(self, outcome: _BatchOutcome, *, owners: int) -> None:
+        """Count a committed batch, and log its reminders now that they are durable."""
+        result = self.result
+        result.owners_processed += owners
+        result.documents_processed += outcome.due_documents
+        result.markers_written += outcome.markers_won
+        result.owners_notified += outcome.events_written
+        result.reminders_sent += len(outcome.queued)
+        for queued in sorted(outcome.queued, key=lambda q: (str(q.owner_user_id), q.days_left)):
+            result.reminders_by_threshold[queued.threshold_days] += 1
+            log_event(
+                logger, logging.INFO, "reminder queued" if not self.dry_run else "reminder due",
+                run_id=result.run_id, owner_user_id=queued.owner_user_id,
+                document_id=queued.document_id, type=queued.type,
+                threshold_days=queued.threshold_days, days_left=queued.days_left,
+            )
+
+    def _fail_owners(self, owner_ids: list[uuid.UUID], reason: str) -> None:
+        self.result.failed_owners += len(owner_ids)
+        for owner_id in owner_ids:
+            log_event(logger, logging.ERROR, "owner failed", run_id=self.result.run_id,
+                      owner_user_id=owner_id, error=reason[:500])
+
+    def _prune(self) -> int:
+        cutoff = rules.prune_cutoff(self.as_of_date, self.settings.retention_days)
+        if self.dry_run:
+            return store.count_expired_markers(self.using, cutoff)
+        return prune_expired_markers(
+            self.using, cutoff, stop=self.stop, out_of_time=self._out_of_time
+        )
+
+    def _record_finish(self) -> None:
+        if self.dry_run:
+            return
+        result = self.result
+        try:
+            if not _connection_alive(self.using):
+                connections[self.using].close()
+            store.finish_run(
+                self.using, result.run_id, status=result.status, counters=result.counters(),
+                duration_ms=result.duration_ms, error=result.error,
+            )
+        except DatabaseErrors:
+            log_event(logger, logging.WARNING, "could not record the end of the cycle",
+                      run_id=result.run_id, status=result.status)
+
+
+def prune_expired_markers(
+    using: str,
+    cutoff: date,
+    *,
+    stop: threading.Event | None = None,
+    out_of_time: Callable[[], bool] = lambda: False,
+    chunk: int = PRUNE_CHUNK,
+) -> int:
+    """Delete markers expiring before `cutoff` in bounded chunks, one transaction each."""
+    total = 0
+    while not (stop and stop.is_set()) and not out_of_time():
+        with transaction.atomic(using=using, durable=True):
+            deleted = store.prune_expired_markers(using, cutoff, chunk)
+        total += deleted
+        if deleted < chunk:
+            break
+    log_event(logger, logging.INFO, "markers pruned", cutoff=cutoff, pruned=total)
+    return total
+
+
+def run_cycle(settings: ReminderSettings, **kwargs: Any) -> CycleResult:
+    """Run one cycle with `settings`; keyword arguments as for `Cycle`."""
+    return Cycle(settings, **kwargs).run()

@@ -1,0 +1,18 @@
+"""manage.py create_dev_person_documents: create profile.person_documents for dev/test/demo."""
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from reminders.devdb import PERSON_DOCUMENTS_SQL, apply_sql_file
+
+
+class Command(BaseCommand):
+    help = (
+        "Create profile.person_documents and its indexes from reminders/sql/person_documents.sql "
+        "(idempotent). Production has this table already: never run this there."
+    )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        apply_sql_file(PERSON_DOCUMENTS_SQL)
+        self.stdout.write("profile.person_documents is in place")

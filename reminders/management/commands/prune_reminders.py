@@ -1,0 +1,38 @@
+"""manage.py prune_reminders: delete ledger markers whose document left the scan window."""
+
+from argparse import ArgumentParser
+from datetime import UTC, datetime
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from reminders import rules, store
+from reminders.cli import parse_as_of, settings_from_env
+from reminders.cycle import prune_expired_markers
+from reminders.shutdown import stop_on_signals
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete markers whose UTC expiry date is before as-of minus REMINDER_RETENTION_DAYS, "
+        "in bounded chunks (the cycle does this at its end too). Exit codes: 0 done, "
+        "2 bad configuration or usage."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("--as-of", metavar="DATE|INSTANT",
+                            help="ISO date or instant in UTC (default: now)")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="count what would be deleted; delete nothing")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        settings = settings_from_env()
+        as_of = parse_as_of(options["as_of"]) if options["as_of"] else datetime.now(UTC)
+        cutoff = rules.prune_cutoff(rules.utc_date(as_of), settings.retention_days)
+        if options["dry_run"]:
+            count = store.count_expired_markers("default", cutoff)
+            self.stdout.write(f"would prune {count} marker(s) expiring before {cutoff}")
+            return
+        with stop_on_signals() as stop:
+            pruned = prune_expired_markers("default", cutoff, stop=stop)
+        self.stdout.write(f"pruned {pruned} marker(s) expiring before {cutoff}")

@@ -1,0 +1,98 @@
+"""manage.py run_expiry_reminders: one cycle (the manual re-trigger), or --loop on the schedule."""
+
+from argparse import ArgumentParser
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from reminders.cli import (
+    EXIT_OWNERS_FAILED,
+    EXIT_USAGE,
+    ProgressLine,
+    parse_as_of,
+    settings_from_env,
+)
+from reminders.config import ConfigError, parse_duration, parse_positive_int
+from reminders.cycle import CycleResult, run_cycle
+from reminders.loop import run_loop
+from reminders.shutdown import stop_on_signals
+
+FUTURE_TOLERANCE = timedelta(minutes=5)
+
+
+class Command(BaseCommand):
+    help = (
+        "Find documents whose expiry is near or past, mark them in the ledger and write one "
+        "reminder event per investor to the outbox. One cycle by default (the manual "
+        "re-trigger); --loop runs on the schedule (REMINDER_RUN_AT_UTC, "
+        "REMINDER_POLLING_INTERVAL). Exit codes: 0 success, 1 some owners failed (retried next "
+        "cycle) or the database was lost, 2 bad configuration or usage."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("--loop", action="store_true",
+                            help="run on the schedule until SIGTERM/SIGINT")
+        parser.add_argument("--as-of", metavar="DATE|INSTANT",
+                            help="the cycle's as-of, ISO date or instant in UTC (default: now); "
+                                 "a future as-of needs --dry-run")
+        parser.add_argument("--dry-run", action="store_true",
+                            help="write nothing; print what a cycle would remind")
+        parser.add_argument("--batch-size", metavar="N",
+                            help="documents per batch (overrides REMINDER_BATCH_SIZE)")
+        parser.add_argument("--max-run-duration", metavar="DURATION",
+                            help="time budget, e.g. 10m (overrides REMINDER_MAX_RUN_DURATION)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        settings = settings_from_env()
+        try:
+            settings = settings.with_overrides(
+                batch_size=None if options["batch_size"] is None
+                else parse_positive_int("--batch-size", options["batch_size"]),
+                max_run_duration=None if options["max_run_duration"] is None
+                else parse_duration("--max-run-duration", options["max_run_duration"]),
+            )
+        except ConfigError as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from None
+        as_of = parse_as_of(options["as_of"]) if options["as_of"] else None
+        if as_of and as_of > datetime.now(UTC) + FUTURE_TOLERANCE and not options["dry_run"]:
+            raise CommandError(f"--as-of {as_of.isoformat()} is in the future; "
+                               "only --dry-run may look ahead", returncode=EXIT_USAGE)
+        if options["loop"] and (as_of or options["dry_run"]):
+            raise CommandError("--loop takes neither --as-of nor --dry-run",
+                               returncode=EXIT_USAGE)
+
+        with stop_on_signals() as stop:
+            if options["loop"]:
+                run_loop(settings, lambda: run_cycle(settings, stop=stop), stop=stop)
+                return
+            progress = ProgressLine()
+            result = run_cycle(settings, as_of=as_of, stop=stop, dry_run=options["dry_run"],
+                               progress=progress)
+            progress.finish()
+        self._summarise(result)
+        if not result.ok:
+            raise CommandError(
+                f"cycle {result.status}: {result.failed_owners} owner(s) failed"
+                + (f" ({result.error})" if result.error else "")
+                + "; they are retried next cycle",
+                returncode=EXIT_OWNERS_FAILED,
+            )
+
+    def _summarise(self, result: CycleResult) -> None:
+        title = "Dry run: would remind" if result.dry_run else "Cycle"
+        lines = [
+            f"{title} {result.run_id} as of {result.as_of.isoformat()}: {result.status}",
+            f"  documents in window      {result.window_documents}",
+            f"  due documents            {result.due_documents}",
+            f"  reminders sent           {result.reminders_sent}",
+            f"  owners notified          {result.owners_notified}",
+            f"  markers written          {result.markers_written}",
+            f"  skipped already marked   {result.skipped_already_marked}",
+            f"  pruned markers           {result.pruned}",
+            f"  failed owners            {result.failed_owners}",
+            f"  duration                 {result.duration_ms} ms",
+        ]
+        for threshold, count in sorted(result.reminders_by_threshold.items(), reverse=True):
+            lines.append(f"  threshold {threshold:>3} days       {count}")
+        self.stdout.write("\n".join(lines))

@@ -1,0 +1,27 @@
+-- Least-privilege database roles (DESIGN 5). Idempotent: safe to re-run after each migrate.
+-- Passwords are not set here: production sets them out of band (ALTER ROLE ... PASSWORD).
+
+do $$
+begin
+    if not exists (select from pg_roles where rolname = 'pin_reminder_worker') then
+        create role pin_reminder_worker login;
+    end if;
+    if not exists (select from pg_roles where rolname = 'pin_outbox_relay') then
+        create role pin_outbox_relay login;
+    end if;
+end
+$$;
+
+-- The reminder worker: reads only the open columns of person_documents (payload_cipher is
+-- unreadable, the table unwritable), owns the ledger and the run history, appends to the outbox.
+grant usage on schema profile to pin_reminder_worker;
+revoke all on profile.person_documents from pin_reminder_worker;
+grant select (id, owner_user_id, person_id, type, number_mask, expires_at, status, deleted_at)
+    on profile.person_documents to pin_reminder_worker;
+grant select, insert, delete on profile.document_expiry_reminders to pin_reminder_worker;
+grant select, insert, update, delete on profile.document_expiry_reminder_runs to pin_reminder_worker;
+grant insert on profile.outbox_messages to pin_reminder_worker;
+
+-- The outbox relay: reads, marks and prunes the outbox; nothing else.
+grant usage on schema profile to pin_outbox_relay;
+grant select, update, delete on profile.outbox_messages to pin_outbox_relay;

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The test command: lint (ruff), types (mypy strict), then pytest against real PostgreSQL.
+# Installs what it needs (a venv with the pinned requirements; Debian's postgresql if no
+# server answers). Extra arguments go to pytest, e.g. scripts/test.sh -k cycle.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/venv.sh
+source scripts/pg.sh
+pg_ensure
+
+# Tests create and drop their own database (test_<name>) on this server.
+export DATABASE_URL="${TEST_DATABASE_URL:-$(database_url pin_profile)}"
+
+echo "== ruff"
+"$VENV/bin/ruff" check .
+echo "== mypy"
+"$VENV/bin/mypy" .
+echo "== pytest"
+set +e
+"$VENV/bin/pytest" "$@"
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+    echo "test.sh: pytest collected no tests: that is a failure" >&2
+    exit 1
+fi
+exit "$status"

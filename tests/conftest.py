@@ -1,0 +1,106 @@
+"""Shared fixtures: a real PostgreSQL test database with the documents table and the
+least-privilege roles, and helpers to create documents and run cycles as the worker role."""
+
+import os
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from reminders.config import ReminderSettings
+from reminders.cycle import CycleResult, run_cycle
+from reminders.devdb import PERSON_DOCUMENTS_SQL, ROLES_SQL, WORKER_ROLE, apply_sql_file
+from tests.contract import assert_outbox_matches_contract
+from tests.factories import DocumentFactory, Documents, insert_documents, make_document
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> None:
+    """The test database as production has it: person_documents exists, roles are granted."""
+    with django_db_blocker.unblock():
+        apply_sql_file(PERSON_DOCUMENTS_SQL)
+        apply_sql_file(ROLES_SQL)
+
+
+def _truncate_documents() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("reset role")
+        cursor.execute("truncate person_documents")
+
+
+@pytest.fixture
+def documents(transactional_db: None) -> Iterator[Documents]:
+    """Create documents (committed, visible to every connection); emptied after the test."""
+    DocumentFactory.reset_sequence()
+    yield make_document
+    assert_outbox_matches_contract()
+    _truncate_documents()
+
+
+@contextmanager
+def as_worker() -> Iterator[None]:
+    """Run the block's queries as the worker's least-privilege role."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"set role {WORKER_ROLE}")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("reset role")
+
+
+CycleRunner = Callable[..., CycleResult]
+
+
+@pytest.fixture
+def run(documents: Documents) -> CycleRunner:
+    """run(as_of, **settings or Cycle options): one cycle as the worker role."""
+
+    def _run(as_of: datetime, **options: Any) -> CycleResult:
+        settings_fields = set(ReminderSettings.__dataclass_fields__)
+        settings = ReminderSettings().with_overrides(
+            **{k: v for k, v in options.items() if k in settings_fields}
+        )
+        cycle_options = {k: v for k, v in options.items() if k not in settings_fields}
+        with as_worker():
+            return run_cycle(settings, as_of=as_of, **cycle_options)
+
+    return _run
+
+
+def test_database_url(role: str | None = None) -> str:
+    """A URL to the test database, as `role` (default: the configured user)."""
+    settings = connection.settings_dict
+    user = role or settings["USER"]
+    return (f"postgres://{user}@{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}"
+            f"/{settings['NAME']}")
+
+
+test_database_url.__test__ = False  # type: ignore[attr-defined]
+
+
+def command_env(role: str = WORKER_ROLE, **extra: str) -> dict[str, str]:
+    """Environment for a `manage.py` subprocess on the test database as `role`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REMINDER_")}
+    env.update(DATABASE_URL=test_database_url(role), LOG_FORMAT="json",
+               PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def manage_py() -> list[str]:
+    return [sys.executable, str(ROOT / "manage.py")]
+
+
+def new_uuid() -> uuid.UUID:
+    return uuid.uuid4()
+
+
+__all__ = ["CycleRunner", "command_env", "insert_documents", "manage_py", "new_uuid"]
