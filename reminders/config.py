@@ -5,7 +5,7 @@ wrong; commands turn it into one line on stderr and exit code 2.
 """
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import time, timedelta
 
@@ -105,36 +105,26 @@ def parse_time_of_day(name: str, raw: str) -> time:
     return time(hour, minute, second)
 
 
+def _non_negative_int(name: str, raw: str) -> int:
+    return parse_positive_int(name, raw, allow_zero=True)
+
+
+# variable -> (settings field, parser): every REMINDER_* the worker reads.
+_VARIABLES: dict[str, tuple[str, Callable[[str, str], object]]] = {
+    "REMINDER_THRESHOLDS_DAYS": ("thresholds", parse_thresholds),
+    "REMINDER_BATCH_SIZE": ("batch_size", parse_positive_int),
+    "REMINDER_POLLING_INTERVAL": ("polling_interval", parse_duration),
+    "REMINDER_RUN_AT_UTC": ("run_at_utc", parse_time_of_day),
+    "REMINDER_MAX_RUN_DURATION": ("max_run_duration", parse_duration),
+    "REMINDER_RETENTION_DAYS": ("retention_days", _non_negative_int),
+}
+
+
 def load_settings(environ: Mapping[str, str]) -> ReminderSettings:
     """Read REMINDER_* from `environ`, defaults for what is unset; raise ConfigError on bad input."""
-    defaults = ReminderSettings()
-
-    def get(name: str) -> str | None:
-        return environ.get(name)
-
-    thresholds = defaults.thresholds
-    if (raw := get("REMINDER_THRESHOLDS_DAYS")) is not None:
-        thresholds = parse_thresholds("REMINDER_THRESHOLDS_DAYS", raw)
-    batch_size = defaults.batch_size
-    if (raw := get("REMINDER_BATCH_SIZE")) is not None:
-        batch_size = parse_positive_int("REMINDER_BATCH_SIZE", raw)
-    interval = defaults.polling_interval
-    if (raw := get("REMINDER_POLLING_INTERVAL")) is not None:
-        interval = parse_duration("REMINDER_POLLING_INTERVAL", raw)
-    run_at = defaults.run_at_utc
-    if (raw := get("REMINDER_RUN_AT_UTC")) is not None:
-        run_at = parse_time_of_day("REMINDER_RUN_AT_UTC", raw)
-    max_run = defaults.max_run_duration
-    if (raw := get("REMINDER_MAX_RUN_DURATION")) is not None:
-        max_run = parse_duration("REMINDER_MAX_RUN_DURATION", raw)
-    retention = defaults.retention_days
-    if (raw := get("REMINDER_RETENTION_DAYS")) is not None:
-        retention = parse_positive_int("REMINDER_RETENTION_DAYS", raw, allow_zero=True)
-    return ReminderSettings(
-        thresholds=thresholds,
-        batch_size=batch_size,
-        polling_interval=interval,
-        run_at_utc=run_at,
-        max_run_duration=max_run,
-        retention_days=retention,
-    )
+    values = {
+        field_name: parse(name, environ[name])
+        for name, (field_name, parse) in _VARIABLES.items()
+        if name in environ
+    }
+    return ReminderSettings().with_overrides(**values)
