@@ -39,6 +39,7 @@ class ReminderSettings:
     run_at_utc: time = time(3, 0)
     max_run_duration: timedelta = timedelta(minutes=10)
     retention_days: int = 90
+    run_history_days: int = 90
 
     def with_overrides(self, **changes: object) -> "ReminderSettings":
         """A copy with command-line overrides applied (None means keep)."""
@@ -130,6 +131,9 @@ def load_settings(environ: Mapping[str, str]) -> ReminderSettings:
     retention = defaults.retention_days
     if (raw := get("REMINDER_RETENTION_DAYS")) is not None:
         retention = parse_positive_int("REMINDER_RETENTION_DAYS", raw, allow_zero=True)
+    run_history = defaults.run_history_days
+    if (raw := get("REMINDER_RUN_HISTORY_DAYS")) is not None:
+        run_history = parse_positive_int("REMINDER_RUN_HISTORY_DAYS", raw)
     return ReminderSettings(
         thresholds=thresholds,
         batch_size=batch_size,
@@ -137,4 +141,5 @@ def load_settings(environ: Mapping[str, str]) -> ReminderSettings:
         run_at_utc=run_at,
         max_run_duration=max_run,
         retention_days=retention,
+        run_history_days=run_history,
     )

@@ -1,0 +1,88 @@
+"""Gauges read from the database when Prometheus scrapes, at most once per refresh interval.
+
+Scrapes arrive on the metrics server's request threads: each read uses that thread's own
+Django connection and closes it afterwards, so the worker holds no idle connection.
+"""
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+
+from django.db import connections
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from reminders.cycle import DatabaseErrors
+from reminders.logs import log_event
+
+logger = logging.getLogger("reminders.scrape")
+
+Reader = Callable[[], Mapping[str, float]]
+
+
+@contextmanager
+def thread_connection(using: str = "default") -> Iterator[None]:
+    """Run the block on the current thread's connection, closed afterwards off the main thread
+    (the main thread's connection belongs to the loop, or to a test's transaction)."""
+    try:
+        yield
+    finally:
+        if threading.current_thread() is not threading.main_thread():
+            connections[using].close()
+
+
+class DatabaseGauges(Collector):
+    """Gauges `{name: help}` whose values `read()` returns; cached for `refresh_s` seconds.
+
+    A failed read keeps the last values (logged): the readiness probe reports the database.
+    """
+
+    def __init__(
+        self,
+        gauges: Mapping[str, str],
+        read: Reader,
+        *,
+        refresh_s: float,
+        using: str = "default",
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.gauges = dict(gauges)
+        self.read = read
+        self.refresh_s = refresh_s
+        self.using = using
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._values: dict[str, float] = {}
+        self._read_at: float | None = None
+
+    def invalidate(self) -> None:
+        """Read again at the next scrape (after a cycle changed what the gauges count)."""
+        with self._lock:
+            self._read_at = None
+
+    def values(self) -> dict[str, float]:
+        """The current values, read from the database when the cache is stale."""
+        with self._lock:
+            now = self.clock()
+            if self._read_at is None or now - self._read_at >= self.refresh_s:
+                try:
+                    with thread_connection(self.using):
+                        self._values = {k: float(v) for k, v in self.read().items()}
+                    self._read_at = now
+                except DatabaseErrors as exc:
+                    log_event(logger, logging.WARNING, "metrics read failed",
+                              gauges=sorted(self.gauges), error=type(exc).__name__)
+            return dict(self._values)
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        # Without describe(), registering would call collect() and so query the database.
+        for name, text in self.gauges.items():
+            yield GaugeMetricFamily(name, text)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        values = self.values()
+        for name, text in self.gauges.items():
+            if name in values:
+                yield GaugeMetricFamily(name, text, value=values[name])
