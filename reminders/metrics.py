@@ -22,7 +22,7 @@ from reminders.models import ReminderRun
 from reminders.scrape import DatabaseGauges
 
 # The `_created` series double every counter's output and no rule or panel reads them.
-disable_created_metrics()
+disable_created_metrics()  # type: ignore[no-untyped-call]
 
 BACKLOG = "profile_document_expiry_reminder_backlog"
 BACKLOG_REFRESH_S = 300.0
