@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 from outbox import metrics as outbox_metrics
 from reminders import metrics
 from reminders.config import ConfigError, ReminderSettings, load_settings
+from reminders.cycle import CycleResult
 from reminders.health import STUCK_GRACE, LoopHealth, judge_liveness, liveness_from_history
 from reminders.models import ReminderRun
 from reminders.ops_server import parse_listen_addr
@@ -75,8 +76,8 @@ def test_a_dry_run_is_not_counted() -> None:
     assert sample("profile_document_expiry_reminder_cycles_total", status="succeeded") == before
 
 
-def _result(status: str, failed_owners: int = 0) -> "metrics.CycleResult":
-    result = metrics.CycleResult(run_id=uuid.uuid4(), as_of=AS_OF, status=status)
+def _result(status: str, failed_owners: int = 0) -> CycleResult:
+    result = CycleResult(run_id=uuid.uuid4(), as_of=AS_OF, status=status)
     result.failed_owners = failed_owners
     return result
 
