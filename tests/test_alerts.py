@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from prometheus_client.registry import Collector
+from prometheus_client.metrics import MetricWrapperBase
 
 from outbox import metrics as outbox_metrics
 from reminders import metrics
@@ -62,7 +62,7 @@ def test_every_alert_has_a_runbook_section() -> None:
 
 
 def _exported_names() -> set[str]:
-    collectors: list[Collector] = [
+    collectors: list[MetricWrapperBase] = [
         metrics.REMINDERS_TOTAL, metrics.CYCLE_DURATION, metrics.ERRORS_TOTAL,
         metrics.CYCLES_TOTAL, metrics.LAST_SUCCESS, outbox_metrics.PUBLISHED_TOTAL,
         outbox_metrics.FAILED_TOTAL, outbox_metrics.PARKED_TOTAL,

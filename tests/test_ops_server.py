@@ -189,6 +189,11 @@ def _query(base: str, promql: str) -> list[dict[str, Any]]:
     return result
 
 
+def _query_rows(base: str, promql: str, rows: int) -> list[dict[str, Any]] | None:
+    result = _query(base, promql)
+    return result if len(result) == rows else None
+
+
 def test_a_real_prometheus_scrapes_the_worker(documents: Documents, tmp_path: Path) -> None:
     binary = shutil.which("prometheus")
     assert binary, "prometheus is missing: scripts/test.sh installs Debian's prometheus package"
@@ -216,8 +221,8 @@ def test_a_real_prometheus_scrapes_the_worker(documents: Documents, tmp_path: Pa
             result = wait_for("the counter in prometheus", lambda: _query(
                 base, "sum(profile_document_expiry_reminders_total)"))
             up = _query(base, 'up{job="document-expiry-reminder-worker"}')
-            by_threshold = wait_for("every threshold", lambda: (r := _query(
-                base, "profile_document_expiry_reminders_total")) and len(r) == 4 and r)
+            by_threshold = wait_for("every threshold", lambda: _query_rows(
+                base, "profile_document_expiry_reminders_total", 4))
         finally:
             server.terminate()
             server.wait(timeout=30)
