@@ -277,3 +277,10 @@ def latest_run(using: str) -> RunRow | None:
         cur.execute(query("latest_run"))
         row = cur.fetchone()
     return None if row is None else RunRow(*row)
+
+
+def count_run_history(using: str, cutoff: datetime) -> int:
+    with _cursor(using) as cur:
+        cur.execute(query("count_run_history"), {"cutoff": cutoff})
+        row = _one(cur)
+    return int(row[0])

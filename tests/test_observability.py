@@ -248,3 +248,20 @@ def test_health_command_exit_codes(transactional_db: None) -> None:
         check=False, env={**command_env(), "DATABASE_URL": "postgres://nobody@127.0.0.1:1/x",
                           "DB_CONNECT_TIMEOUT_S": "2"})
     assert unreachable.returncode == 3, unreachable.stderr
+
+
+def test_prune_command_prunes_the_run_history(transactional_db: None) -> None:
+    now = datetime.now(UTC)
+    _insert_run(now - timedelta(days=40), "succeeded")
+    kept = _insert_run(now - timedelta(days=10), "succeeded")
+
+    def prune(*args: str) -> str:
+        done = subprocess.run([*manage_py(), "prune_reminders", *args], capture_output=True,
+                              text=True, timeout=60, check=True,
+                              env=command_env(REMINDER_RUN_HISTORY_DAYS="30"))
+        return done.stdout
+
+    assert "would prune 1 run(s)" in prune("--dry-run")
+    assert ReminderRun.objects.count() == 2
+    assert "pruned 1 run(s)" in prune()
+    assert list(ReminderRun.objects.values_list("run_id", flat=True)) == [kept]

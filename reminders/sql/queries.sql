@@ -172,3 +172,6 @@ where status in ('succeeded', 'partial', 'timed_out');
 select run_id, status, started_at, finished_at from document_expiry_reminder_runs
 order by started_at desc
 limit 1;
+
+-- count_run_history: what prune_run_history would delete (for --dry-run)
+select count(*) from document_expiry_reminder_runs where started_at < %(cutoff)s;
