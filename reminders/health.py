@@ -83,6 +83,23 @@ class LoopHealth:
             )
 
 
+@dataclass
+class Heartbeat:
+    """Liveness of a loop without a daily success (the relay): it must beat every `timeout`."""
+
+    timeout: timedelta
+    last_beat: datetime = field(default_factory=lambda: datetime.now(UTC))
+
+    def beat(self, now: datetime | None = None) -> None:
+        self.last_beat = now or datetime.now(UTC)
+
+    def liveness(self, now: datetime | None = None) -> Verdict:
+        silent = (now or datetime.now(UTC)) - self.last_beat
+        if silent > self.timeout:
+            return Verdict(False, f"stuck: no loop iteration for {silent}")
+        return Verdict(True, "ok")
+
+
 def database_ready(using: str = "default") -> Verdict:
     """Does the database answer a trivial query?"""
     try:

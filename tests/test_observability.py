@@ -13,7 +13,13 @@ from outbox import metrics as outbox_metrics
 from reminders import metrics
 from reminders.config import ConfigError, ReminderSettings, load_settings
 from reminders.cycle import CycleResult
-from reminders.health import STUCK_GRACE, LoopHealth, judge_liveness, liveness_from_history
+from reminders.health import (
+    STUCK_GRACE,
+    Heartbeat,
+    LoopHealth,
+    judge_liveness,
+    liveness_from_history,
+)
 from reminders.models import ReminderRun
 from reminders.ops_server import parse_listen_addr
 from reminders.runner import ObservedCycles, prune_run_history
@@ -265,3 +271,11 @@ def test_prune_command_prunes_the_run_history(transactional_db: None) -> None:
     assert ReminderRun.objects.count() == 2
     assert "pruned 1 run(s)" in prune()
     assert list(ReminderRun.objects.values_list("run_id", flat=True)) == [kept]
+
+
+def test_heartbeat_liveness_for_the_relay_loop() -> None:
+    beat = Heartbeat(timeout=timedelta(minutes=5), last_beat=NOW)
+    assert beat.liveness(NOW + timedelta(minutes=5)).ok
+    assert not beat.liveness(NOW + timedelta(minutes=5, seconds=1)).ok
+    beat.beat(NOW + timedelta(minutes=6))
+    assert beat.liveness(NOW + timedelta(minutes=7)).ok
