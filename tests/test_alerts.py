@@ -96,3 +96,8 @@ def test_dashboard_shows_what_the_issue_lists() -> None:
                    "profile_outbox_oldest_unpublished_age_seconds"):
         assert metric in exprs
     assert len({p["id"] for p in dashboard["panels"]}) == len(dashboard["panels"])
+
+
+def test_compose_prometheus_config_is_valid() -> None:
+    checked = promtool("check", "config", RULES.parent / "prometheus.yml")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
