@@ -107,6 +107,7 @@ def register_backlog_gauge(
         {BACKLOG: "Due documents: active documents in the scan window with a crossed "
                   "threshold that has no marker yet."},
         lambda: read_backlog(settings, using), refresh_s=refresh_s, using=using,
+        background=True,  # the census takes seconds on a large window: never block a scrape
     )
     registry.register(collector)
     return collector

@@ -2,9 +2,11 @@
 
 import subprocess
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
 from django.db import connection
 from prometheus_client import REGISTRY
@@ -157,6 +159,52 @@ def test_database_gauges_are_read_once_per_refresh_and_again_after_invalidate() 
     gauges.invalidate()
     assert [m.samples[0].value for m in gauges.collect()] == [3.0]
     assert [m.name for m in gauges.describe()] == ["g"]
+
+
+def test_background_gauges_never_make_a_scrape_wait_after_the_first() -> None:
+    release = threading.Event()
+    reads: list[int] = []
+    now = [0.0]
+
+    def read() -> dict[str, float]:
+        if reads:
+            assert release.wait(30)  # a slow census
+        reads.append(1)
+        return {"g": float(len(reads))}
+
+    gauges = DatabaseGauges({"g": "a gauge"}, read, refresh_s=60, clock=lambda: now[0],
+                            background=True)
+    assert gauges.values() == {"g": 1.0}  # the first scrape waits for the first read
+    now[0] += 61
+    assert gauges.values() == {"g": 1.0}  # stale: answered at once, refreshed behind
+    assert gauges.values() == {"g": 1.0}  # one refresh at a time
+    release.set()
+    deadline = time.monotonic() + 30
+    while gauges.values() != {"g": 2.0}:
+        assert time.monotonic() < deadline, "the background refresh never landed"
+        time.sleep(0.01)
+    assert len(reads) == 2
+
+
+def test_a_failed_read_keeps_the_values_and_waits_for_the_next_refresh() -> None:
+    outcomes: list[dict[str, float] | Exception] = [
+        {"g": 1.0}, psycopg.OperationalError("down"), {"g": 3.0}]
+    now = [0.0]
+
+    def read() -> dict[str, float]:
+        outcome = outcomes.pop(0)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return outcome
+
+    gauges = DatabaseGauges({"g": "a gauge"}, read, refresh_s=10, clock=lambda: now[0])
+    assert gauges.values() == {"g": 1.0}
+    now[0] += 10
+    assert gauges.values() == {"g": 1.0}  # the read failed: last values kept
+    now[0] += 5
+    assert gauges.values() == {"g": 1.0} and len(outcomes) == 1  # no retry on every scrape
+    now[0] += 5
+    assert gauges.values() == {"g": 3.0}
 
 
 def test_liveness_rules() -> None:
