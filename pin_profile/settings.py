@@ -118,3 +118,12 @@ LOGGING = {
     },
     "root": {"handlers": ["stderr"], "level": "WARNING"},
 }
+
+# Observability of the web (admin) process: django-prometheus counts requests and serves
+# /metrics (pin_profile/urls.py). The worker and the relay serve theirs on METRICS_ADDR.
+INSTALLED_APPS += ["django_prometheus"]
+MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
+    *MIDDLEWARE,
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
+]

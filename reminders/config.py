@@ -39,6 +39,7 @@ class ReminderSettings:
     run_at_utc: time = time(3, 0)
     max_run_duration: timedelta = timedelta(minutes=10)
     retention_days: int = 90
+    run_history_days: int = 90
 
     def with_overrides(self, **changes: object) -> "ReminderSettings":
         """A copy with command-line overrides applied (None means keep)."""
@@ -117,6 +118,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "REMINDER_RUN_AT_UTC": ("run_at_utc", parse_time_of_day),
     "REMINDER_MAX_RUN_DURATION": ("max_run_duration", parse_duration),
     "REMINDER_RETENTION_DAYS": ("retention_days", _non_negative_int),
+    "REMINDER_RUN_HISTORY_DAYS": ("run_history_days", parse_positive_int),
 }
 
 

@@ -246,3 +246,41 @@ def last_successful_run_start(using: str) -> datetime | None:
         cur.execute(query("last_successful_run_start"))
         row = cur.fetchone()
     return None if row is None else row[0]
+
+
+def prune_run_history(using: str, cutoff: datetime, chunk: int) -> int:
+    """Delete up to `chunk` runs that started before `cutoff`; the number deleted."""
+    with _cursor(using) as cur:
+        cur.execute(query("prune_run_history"), {"cutoff": cutoff, "chunk": chunk})
+        return cur.rowcount
+
+
+def last_successful_run_finish(using: str) -> datetime | None:
+    """End of the latest cycle that did its work (succeeded, partial or timed out)."""
+    with _cursor(using) as cur:
+        cur.execute(query("last_successful_run_finish"))
+        row = cur.fetchone()
+    return None if row is None else row[0]
+
+
+@dataclass(frozen=True, slots=True)
+class RunRow:
+    run_id: uuid.UUID
+    status: str
+    started_at: datetime
+    finished_at: datetime | None
+
+
+def latest_run(using: str) -> RunRow | None:
+    """The most recent cycle of any instance, whatever its status."""
+    with _cursor(using) as cur:
+        cur.execute(query("latest_run"))
+        row = cur.fetchone()
+    return None if row is None else RunRow(*row)
+
+
+def count_run_history(using: str, cutoff: datetime) -> int:
+    with _cursor(using) as cur:
+        cur.execute(query("count_run_history"), {"cutoff": cutoff})
+        row = _one(cur)
+    return int(row[0])

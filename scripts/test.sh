@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # The test command: lint (ruff), types (mypy strict), then pytest against real PostgreSQL.
 # Installs what it needs (a venv with the pinned requirements; Debian's postgresql if no
-# server answers). Extra arguments go to pytest, e.g. scripts/test.sh -k cycle.
+# server answers; Debian's prometheus for the alert-rule and scrape tests). Extra arguments
+# go to pytest, e.g. scripts/test.sh -k cycle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
 source scripts/pg.sh
 pg_ensure
+source scripts/prometheus.sh
+prometheus_ensure
 
 # Tests create and drop their own database (test_<name>) on this server.
 export DATABASE_URL="${TEST_DATABASE_URL:-$(database_url pin_profile)}"

@@ -155,3 +155,23 @@ where run_id = %(run_id)s;
 -- last_successful_run_start: when the latest cycle that completed its work started
 select max(started_at) from document_expiry_reminder_runs
 where status in ('succeeded', 'partial', 'timed_out');
+
+-- prune_run_history: delete one bounded chunk of runs that started before the cutoff (a run that old is over, even if a crash left it `running`)
+delete from document_expiry_reminder_runs
+where run_id in (
+    select run_id from document_expiry_reminder_runs
+    where started_at < %(cutoff)s
+    limit %(chunk)s
+);
+
+-- last_successful_run_finish: when the latest cycle that completed its work ended
+select max(finished_at) from document_expiry_reminder_runs
+where status in ('succeeded', 'partial', 'timed_out');
+
+-- latest_run: the most recent cycle, whatever its status (for the health check)
+select run_id, status, started_at, finished_at from document_expiry_reminder_runs
+order by started_at desc
+limit 1;
+
+-- count_run_history: what prune_run_history would delete (for --dry-run)
+select count(*) from document_expiry_reminder_runs where started_at < %(cutoff)s;

@@ -25,3 +25,7 @@ grant insert on profile.outbox_messages to pin_reminder_worker;
 -- The outbox relay: reads, marks and prunes the outbox; nothing else.
 grant usage on schema profile to pin_outbox_relay;
 grant select, update, delete on profile.outbox_messages to pin_outbox_relay;
+
+-- Observability: the worker's metrics server reports the outbox backlog (so it stays visible
+-- while the relay is down), reading only the bookkeeping timestamps, never payload or headers.
+grant select (created_at, published_at, parked_at) on profile.outbox_messages to pin_reminder_worker;

@@ -1,4 +1,5 @@
-"""manage.py prune_reminders: delete ledger markers whose document left the scan window."""
+"""manage.py prune_reminders: delete ledger markers whose document left the scan window, and
+runs older than REMINDER_RUN_HISTORY_DAYS from the run history."""
 
 from argparse import ArgumentParser
 from datetime import UTC, datetime
@@ -9,13 +10,15 @@ from django.core.management.base import BaseCommand
 from reminders import rules, store
 from reminders.cli import parse_as_of, settings_from_env
 from reminders.cycle import prune_expired_markers
+from reminders.runner import prune_run_history, run_history_cutoff
 from reminders.shutdown import stop_on_signals
 
 
 class Command(BaseCommand):
     help = (
         "Delete markers whose UTC expiry date is before as-of minus REMINDER_RETENTION_DAYS, "
-        "in bounded chunks (the cycle does this at its end too). Exit codes: 0 done, "
+        "in bounded chunks, and runs that started more than REMINDER_RUN_HISTORY_DAYS (90) ago "
+        "from the run history (the cycle does both at its end too). Exit codes: 0 done, "
         "2 bad configuration or usage."
     )
 
@@ -29,10 +32,15 @@ class Command(BaseCommand):
         settings = settings_from_env()
         as_of = parse_as_of(options["as_of"]) if options["as_of"] else datetime.now(UTC)
         cutoff = rules.prune_cutoff(rules.utc_date(as_of), settings.retention_days)
+        runs_cutoff = run_history_cutoff(as_of, settings)
         if options["dry_run"]:
             count = store.count_expired_markers("default", cutoff)
+            runs = store.count_run_history("default", runs_cutoff)
             self.stdout.write(f"would prune {count} marker(s) expiring before {cutoff}")
+            self.stdout.write(f"would prune {runs} run(s) started before {runs_cutoff.isoformat()}")
             return
         with stop_on_signals() as stop:
             pruned = prune_expired_markers("default", cutoff, stop=stop)
         self.stdout.write(f"pruned {pruned} marker(s) expiring before {cutoff}")
+        runs = prune_run_history("default", runs_cutoff)
+        self.stdout.write(f"pruned {runs} run(s) started before {runs_cutoff.isoformat()}")

@@ -1,5 +1,6 @@
 """manage.py run_expiry_reminders: one cycle (the manual re-trigger), or --loop on the schedule."""
 
+import os
 from argparse import ArgumentParser
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -14,9 +15,11 @@ from reminders.cli import (
     settings_from_env,
 )
 from reminders.config import ConfigError, parse_duration, parse_positive_int
-from reminders.cycle import CycleResult, run_cycle
+from reminders.cycle import CycleResult
 from reminders.loop import run_loop
+from reminders.runner import ObservedCycles, observed_loop
 from reminders.shutdown import stop_on_signals
+from reminders.tracing import configure_tracing
 
 FUTURE_TOLERANCE = timedelta(minutes=5)
 
@@ -27,7 +30,9 @@ class Command(BaseCommand):
         "reminder event per investor to the outbox. One cycle by default (the manual "
         "re-trigger); --loop runs on the schedule (REMINDER_RUN_AT_UTC, "
         "REMINDER_POLLING_INTERVAL). Exit codes: 0 success, 1 some owners failed (retried next "
-        "cycle) or the database was lost, 2 bad configuration or usage."
+        "cycle) or the database was lost, 2 bad configuration or usage. With --loop, METRICS_ADDR "
+        "(e.g. 127.0.0.1:9108) serves /metrics, /healthz and /readyz; OTEL_* variables turn "
+        "tracing on (docs/operations.md)."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -62,14 +67,23 @@ class Command(BaseCommand):
             raise CommandError("--loop takes neither --as-of nor --dry-run",
                                returncode=EXIT_USAGE)
 
-        with stop_on_signals() as stop:
-            if options["loop"]:
-                run_loop(settings, lambda: run_cycle(settings, stop=stop), stop=stop)
-                return
-            progress = ProgressLine()
-            result = run_cycle(settings, as_of=as_of, stop=stop, dry_run=options["dry_run"],
-                               progress=progress)
-            progress.finish()
+        tracing = None
+        try:
+            tracing = configure_tracing(os.environ)
+            with stop_on_signals() as stop:
+                if options["loop"]:
+                    with observed_loop(settings, os.environ, stop=stop) as run_one:
+                        run_loop(settings, run_one, stop=stop)
+                    return
+                progress = ProgressLine()
+                result = ObservedCycles(settings, stop=stop)(
+                    as_of=as_of, dry_run=options["dry_run"], progress=progress)
+                progress.finish()
+        except ConfigError as exc:
+            raise CommandError(f"bad configuration: {exc}", returncode=EXIT_USAGE) from None
+        finally:
+            if tracing is not None:
+                tracing.shutdown()  # flush the spans still queued
         self._summarise(result)
         if not result.ok:
             raise CommandError(

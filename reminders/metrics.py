@@ -1,0 +1,113 @@
+"""Prometheus metrics of the reminder worker (DESIGN 4), with the seed's names.
+
+`observe_cycle` turns a finished cycle's result into counter, histogram and gauge updates;
+the backlog gauge is read from the database at scrape time (`register_backlog_gauge`).
+"""
+
+from datetime import UTC, datetime
+
+from prometheus_client import (
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
+
+from reminders import rules, store
+from reminders.config import ReminderSettings
+from reminders.cycle import CycleResult
+from reminders.models import ReminderRun
+from reminders.scrape import DatabaseGauges
+
+# The `_created` series double every counter's output and no rule or panel reads them.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+BACKLOG = "profile_document_expiry_reminder_backlog"
+BACKLOG_REFRESH_S = 300.0
+
+# A cycle that did its work: the same statuses the loop's missed-tick rule counts.
+SUCCESSFUL = frozenset({
+    ReminderRun.Status.SUCCEEDED, ReminderRun.Status.PARTIAL, ReminderRun.Status.TIMED_OUT,
+})
+
+REMINDERS_TOTAL = Counter(
+    "profile_document_expiry_reminders_total",
+    "Reminders queued in the outbox (one per notified document), by threshold.",
+    ["threshold_days"],
+)
+CYCLE_DURATION = Histogram(
+    "profile_document_expiry_reminder_cycle_duration_seconds",
+    "Wall time of a reminder cycle.",
+    buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900, 1800),
+)
+ERRORS_TOTAL = Counter(
+    "profile_document_expiry_reminder_errors_total",
+    "Owners that failed in a cycle (retried next cycle), plus cycles that failed outright.",
+)
+CYCLES_TOTAL = Counter(
+    "profile_document_expiry_reminder_cycles_total",
+    "Finished reminder cycles, by status.",
+    ["status"],
+)
+LAST_SUCCESS = Gauge(
+    "profile_document_expiry_reminder_last_success_timestamp_seconds",
+    "Unix time at which the latest successful cycle (of any instance, as far as this one "
+    "knows) ended.",
+)
+
+
+def declare_thresholds(thresholds: tuple[int, ...]) -> None:
+    """Export every threshold's counter at 0 from the start, so rate() sees its first step."""
+    for threshold in thresholds:
+        REMINDERS_TOTAL.labels(threshold_days=str(threshold))
+
+
+def observe_cycle(result: CycleResult, *, finished_at: datetime | None = None) -> None:
+    """Count a finished cycle. A dry run changes nothing and is not counted."""
+    if result.dry_run:
+        return
+    for threshold, count in result.reminders_by_threshold.items():
+        REMINDERS_TOTAL.labels(threshold_days=str(threshold)).inc(count)
+    CYCLE_DURATION.observe(result.duration_ms / 1000)
+    CYCLES_TOTAL.labels(status=str(result.status)).inc()
+    errors = result.failed_owners + (1 if result.status == ReminderRun.Status.FAILED else 0)
+    if errors:
+        ERRORS_TOTAL.inc(errors)
+    if result.status in SUCCESSFUL:
+        LAST_SUCCESS.set((finished_at or datetime.now(UTC)).timestamp())
+
+
+def restore_last_success(using: str = "default") -> datetime | None:
+    """Seed the last-success gauge from the run history, so a restart does not reset it."""
+    last = store.last_successful_run_finish(using)
+    if last is not None:
+        LAST_SUCCESS.set(last.timestamp())
+    return last
+
+
+def read_backlog(settings: ReminderSettings, using: str = "default",
+                 now: datetime | None = None) -> dict[str, float]:
+    """Due documents now: active documents in the window whose current t* has no marker."""
+    as_of_date = rules.utc_date(now or datetime.now(UTC))
+    window = rules.scan_window(as_of_date, settings.thresholds, settings.retention_days)
+    _window_documents, due = store.window_census(using, window, settings.thresholds, as_of_date)
+    return {BACKLOG: float(due)}
+
+
+def register_backlog_gauge(
+    settings: ReminderSettings,
+    registry: CollectorRegistry = REGISTRY,
+    using: str = "default",
+    refresh_s: float = BACKLOG_REFRESH_S,
+) -> DatabaseGauges:
+    """Serve the backlog gauge, computed by the census query at most every `refresh_s` seconds."""
+    collector = DatabaseGauges(
+        {BACKLOG: "Due documents: active documents in the scan window with a crossed "
+                  "threshold that has no marker yet."},
+        lambda: read_backlog(settings, using), refresh_s=refresh_s, using=using,
+        background=True,  # the census takes seconds on a large window: never block a scrape
+    )
+    registry.register(collector)
+    return collector
