@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from reminders.admin_paging import EstimatedCountPaginator, exact_uuid_filter
 from reminders.models import DocumentExpiryReminder, ReminderRun
-from reminders.overview import ledger_thresholds, overview_context
+from reminders.overview import days_label, ledger_thresholds, overview_context
 
 DatetimeKind = Literal["year", "month", "week", "day", "hour", "minute", "second"]
 
@@ -72,7 +72,7 @@ class ThresholdFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         # The thresholds actually in the ledger, found by skipping through its index.
-        return [(str(t), f"{t} days") for t in ledger_thresholds()]
+        return [(str(t), days_label(t)) for t in ledger_thresholds()]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()

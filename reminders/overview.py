@@ -19,8 +19,8 @@ from reminders.queries import load
 
 ADMIN_QUERIES = Path(__file__).parent / "sql" / "admin.sql"
 CHART_DAYS = 30
-# Least urgent threshold first: calm blue to alarming red.
-PALETTE = ("#79aec8", "#417690", "#e0a526", "#e07b26", "#ba2121", "#7a1616")
+# Most urgent threshold first: alarming red to calm blue.
+PALETTE = ("#ba2121", "#e07b26", "#e0a526", "#417690", "#79aec8", "#a9c7d6")
 
 # A cycle that did its work (DESIGN 3); the same set as the query last_successful_run_start.
 SUCCESSFUL_STATUSES = (
@@ -96,9 +96,13 @@ def nice_ceiling(value: int) -> int:
 
 
 def threshold_colours(thresholds: Iterable[int]) -> dict[int, str]:
-    """A colour per threshold, least urgent (most days) first."""
-    ordered = sorted(set(thresholds), reverse=True)
+    """A colour per threshold, the most urgent (fewest days) red."""
+    ordered = sorted(set(thresholds))
     return {t: PALETTE[min(i, len(PALETTE) - 1)] for i, t in enumerate(ordered)}
+
+
+def days_label(days: int) -> str:
+    return f"{days} day" if days == 1 else f"{days} days"
 
 
 def build_chart(counts: dict[tuple[date, int], int], first_day: date, days: int,
@@ -124,7 +128,7 @@ def build_chart(counts: dict[tuple[date, int], int], first_day: date, days: int,
             bars.append(Bar(
                 x=round(LEFT + index * slot + slot * 0.15, 2), y=round(base, 2),
                 width=round(slot * 0.7, 2), height=round(height, 2), colour=colours[threshold],
-                title=f"{day.isoformat()}: {count} at {threshold} days",
+                title=f"{day.isoformat()}: {count} at {days_label(threshold)}",
             ))
     x_ticks = tuple(
         Tick(round(LEFT + index * slot + slot / 2, 2), day.strftime("%d %b"))
@@ -134,7 +138,7 @@ def build_chart(counts: dict[tuple[date, int], int], first_day: date, days: int,
         Tick(round(HEIGHT - BOTTOM - fraction * plot_height, 2), f"{round(top * fraction):,}")
         for fraction in (0, 0.5, 1)
     )
-    legend = tuple((f"{t} days", colours[t]) for t in shown)
+    legend = tuple((days_label(t), colours[t]) for t in shown)
     return Chart(width=WIDTH, height=HEIGHT, plot_left=LEFT, plot_bottom=HEIGHT - BOTTOM,
                  plot_right=WIDTH - RIGHT, bars=tuple(bars), x_ticks=x_ticks, y_ticks=y_ticks,
                  legend=legend, total=sum(totals))

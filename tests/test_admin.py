@@ -17,7 +17,7 @@ from django.test import Client, RequestFactory
 from django.urls import reverse
 
 from outbox.models import OutboxMessage
-from reminders.admin import LedgerQuerySet
+from reminders.admin import DatetimeKind, LedgerQuerySet
 from reminders.admin_paging import EstimatedCountPaginator, exact_uuid_filter
 from reminders.models import DocumentExpiryReminder, PersonDocument, ReminderRun
 from reminders.overview import build_chart, nice_ceiling
@@ -264,7 +264,7 @@ def test_ledger_list_page_renders_with_estimated_count(admin_client: Client, big
 
 
 @pytest.mark.parametrize("kind", ["year", "month", "day"])
-def test_date_hierarchy_periods_match_a_full_distinct(kind: str) -> None:
+def test_date_hierarchy_periods_match_a_full_distinct(kind: DatetimeKind) -> None:
     for offset in (0, 1, 1, 33, 40, 400):
         ledger_rows(1, reminded_at=NOW - timedelta(days=offset, hours=offset % 7))
     plain = DocumentExpiryReminder.objects.filter(type="Visa")
@@ -296,11 +296,11 @@ def test_chart_stacks_each_day_by_threshold() -> None:
     chart = build_chart(counts, first, 3, thresholds=(30, 7, 1, 0))
 
     day_one = [b for b in chart.bars if b.title.startswith("2026-11-01")]
-    assert [b.title for b in day_one] == ["2026-11-01: 10 at 1 days", "2026-11-01: 30 at 7 days"]
+    assert [b.title for b in day_one] == ["2026-11-01: 10 at 1 day", "2026-11-01: 30 at 7 days"]
     assert day_one[0].y + day_one[0].height == pytest.approx(chart.plot_bottom)
     assert day_one[1].y + day_one[1].height == pytest.approx(day_one[0].y)
     assert chart.total == 45 and chart.y_ticks[-1].label == "50"
-    assert [label for label, _ in chart.legend] == ["30 days", "7 days", "1 days", "0 days"]
+    assert [label for label, _ in chart.legend] == ["30 days", "7 days", "1 day", "0 days"]
 
 
 @pytest.mark.parametrize(
