@@ -142,12 +142,18 @@ class DocumentExpiryReminderAdmin(ReadOnlyAdmin):
                     "reminded_at", "notified", "run_id")
     list_filter = (ThresholdFilter, DocumentTypeFilter, "notified", ("expires_at", ExpiryRangeFilter))
     date_hierarchy = "reminded_at"
-    ordering = ("-reminded_at",)
     paginator = EstimatedCountPaginator
     search_fields = ("=document_id", "=owner_user_id")
     search_help_text = "Paste a document id or an owner id (an exact UUID)."
     fields = ("id", "document_id", "owner_user_id", "type", "threshold_days", "expires_at",
               "reminded_at", "notified", "run_id")
+
+    def get_ordering(self, request: HttpRequest) -> tuple[str, ...]:
+        # Filtered by expiry, walk the expiry index: newest-reminded-first would walk the
+        # reminded_at index past every marker reminded since (the two dates move together).
+        if any(key.startswith("expires_at__") for key in request.GET):
+            return ("-expires_at",)
+        return ("-reminded_at",)
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[DocumentExpiryReminder]:
         queryset = super().get_queryset(request)

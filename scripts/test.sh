@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 source scripts/venv.sh
 source scripts/pg.sh
 pg_ensure
+source scripts/browser.sh
+browser_ensure
 
 # Tests create and drop their own database (test_<name>) on this server.
 export DATABASE_URL="${TEST_DATABASE_URL:-$(database_url pin_profile)}"

@@ -308,3 +308,16 @@ def test_chart_stacks_each_day_by_threshold() -> None:
 )
 def test_nice_ceiling(value: int, ceiling: int) -> None:
     assert nice_ceiling(value) == ceiling
+
+
+def test_date_hierarchy_shows_on_the_ledger_filtered_by_date_only(admin_client: Client) -> None:
+    ledger_rows(1, reminded_at=NOW)
+    ledger_rows(1, reminded_at=NOW - timedelta(days=40))
+
+    plain = admin_client.get(LEDGER).content.decode()
+    by_month = admin_client.get(LEDGER, {"reminded_at__year": "2026", "reminded_at__month": "11"})
+    filtered = admin_client.get(LEDGER, {"threshold_days": "7"}).content.decode()
+
+    assert 'class="toplinks"' in plain and "October 2026" in plain and "November 2026" in plain
+    assert "November 29" in by_month.content.decode()
+    assert 'class="toplinks"' not in filtered
