@@ -124,6 +124,7 @@ def pages() -> list[tuple[str, str]]:
         ("ledger, expired 31-90 days ago", f"{ledger}?expires_at__gte={today - timedelta(days=90)}"
                                             f"&expires_at__lt={today - timedelta(days=30)}"),
         ("ledger, type absent (worst case)", f"{ledger}?type=Snils"),
+        ("ledger, threshold absent (worst)", f"{ledger}?threshold_days=14"),
         ("ledger, date hierarchy month", f"{ledger}?reminded_at__year={today.year}"
                                           f"&reminded_at__month={today.month}"),
         ("ledger, month + threshold = 0", f"{ledger}?reminded_at__year={today.year}"

@@ -48,9 +48,12 @@ def reminders_per_day(first_day: date) -> dict[tuple[date, int], int]:
     return {(day, threshold): count for day, threshold, count in _rows("reminders_per_day", {"since": since})}
 
 
-def ledger_thresholds() -> list[int]:
-    """Every threshold present in the ledger, most days first (a few index probes)."""
-    return [threshold for (threshold,) in _rows("ledger_thresholds")]
+def configured_thresholds() -> tuple[int, ...]:
+    """The thresholds this process is configured with (REMINDER_THRESHOLDS_DAYS), or none."""
+    try:
+        return load_settings(os.environ).thresholds
+    except ConfigError:
+        return ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,13 +181,9 @@ def overview_context(now: datetime) -> dict[str, Any]:
     """Everything the overview page shows."""
     first_day = rules.utc_date(now) - timedelta(days=CHART_DAYS - 1)
     counts = reminders_per_day(first_day)
-    try:
-        configured: Sequence[int] = load_settings(os.environ).thresholds
-    except ConfigError:
-        configured = ()
     runs = ReminderRun.objects.order_by("-started_at")
     return {
-        "chart": build_chart(counts, first_day, CHART_DAYS, configured),
+        "chart": build_chart(counts, first_day, CHART_DAYS, configured_thresholds()),
         "first_day": first_day,
         "last_day": rules.utc_date(now),
         "backlog": backlog_now(now),

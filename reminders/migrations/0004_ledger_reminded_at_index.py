@@ -1,6 +1,7 @@
-"""Indexes for the admin's ledger list: newest first, date hierarchy, overview, threshold filter.
+"""An index on the ledger's reminded_at for the admin: newest first (with any filter riding
+it), the date hierarchy's probes and the overview's last 30 days.
 
-Built concurrently so that adding them to a production ledger never blocks the worker.
+Built concurrently so that adding it to a production ledger never blocks the worker.
 """
 
 from django.contrib.postgres.operations import AddIndexConcurrently
@@ -18,12 +19,5 @@ class Migration(migrations.Migration):
         AddIndexConcurrently(
             model_name="documentexpiryreminder",
             index=models.Index(fields=["reminded_at"], name="ix_document_expiry_reminders_reminded_at"),
-        ),
-        AddIndexConcurrently(
-            model_name="documentexpiryreminder",
-            index=models.Index(
-                fields=["threshold_days", "reminded_at"],
-                name="ix_document_expiry_reminders_threshold_reminded_at",
-            ),
         ),
     ]
