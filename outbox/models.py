@@ -29,6 +29,8 @@ class OutboxMessage(models.Model):
 
     class Meta:
         db_table = "outbox_messages"
+        # The admin's only write on the outbox (outbox/admin.py): parked -> pending again.
+        permissions = [("requeue_outboxmessage", "Can re-queue parked outbox messages")]
         indexes = [
             models.Index(
                 fields=["created_at"],

@@ -54,6 +54,8 @@ class DocumentExpiryReminder(models.Model):
         indexes = [
             models.Index(fields=["owner_user_id"], name="ix_document_expiry_reminders_owner"),
             models.Index(fields=["expires_at"], name="ix_document_expiry_reminders_expires_at"),
+            # For the admin: newest first, the date hierarchy, the overview's last 30 days.
+            models.Index(fields=["reminded_at"], name="ix_document_expiry_reminders_reminded_at"),
         ]
         verbose_name = "reminder marker"
 

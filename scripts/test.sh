@@ -11,6 +11,9 @@ pg_ensure
 source scripts/prometheus.sh
 prometheus_ensure
 
+source scripts/browser.sh
+browser_ensure
+
 # Tests create and drop their own database (test_<name>) on this server.
 export DATABASE_URL="${TEST_DATABASE_URL:-$(database_url pin_profile)}"
 
