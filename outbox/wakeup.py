@@ -32,7 +32,8 @@ class Wakeup:
             return self._conn
         wrapper = connections[self.using]
         try:
-            conn = wrapper.get_new_connection(wrapper.get_connection_params())
+            conn: psycopg.Connection[Any] = wrapper.get_new_connection(
+                wrapper.get_connection_params())
             conn.autocommit = True
             conn.execute(f"listen {CHANNEL}")
         except psycopg.Error as exc:
