@@ -13,6 +13,7 @@ import random
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -36,6 +37,8 @@ PRUNE_EVERY_S = 600.0
 # Extra time past the producer's own delivery timeout before the relay stops waiting.
 FLUSH_MARGIN_S = 5.0
 FLUSH_SLICE_S = 0.2
+# Batches in flight at once: the next claim overlaps the previous batch's delivery wait.
+PIPELINE_DEPTH = 2
 
 Wait = Callable[[float], object]
 
@@ -60,6 +63,13 @@ class BatchOutcome:
     @property
     def broker_unavailable(self) -> bool:
         return self.released > 0
+
+    def merge(self, other: "BatchOutcome") -> None:
+        self.claimed += other.claimed
+        self.published += other.published
+        self.released += other.released
+        self.failed += other.failed
+        self.parked.extend(other.parked)
 
 
 @dataclass(slots=True)
@@ -88,6 +98,16 @@ class RelayStats:
 @dataclass(frozen=True, slots=True)
 class _Delivery:
     error: KafkaError | None
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Claimed rows handed to the producer, their delivery reports as they come, and when to
+    stop waiting for them."""
+
+    claimed: list[store.ClaimedMessage]
+    deliveries: dict[uuid.UUID, _Delivery]
+    deadline: float
 
 
 class Relay:
@@ -155,11 +175,11 @@ class Relay:
                 deliveries[message.id] = _Delivery(exc.args[0])
                 return
 
-    def _await_deliveries(self, producer: Producer, expected: int,
-                          deliveries: dict[uuid.UUID, _Delivery]) -> None:
-        """Wait for every delivery report, up to the delivery timeout (or the shutdown grace)."""
-        deadline = time.monotonic() + self.settings.delivery_timeout.total_seconds() + FLUSH_MARGIN_S
-        while len(deliveries) < expected:
+    def _await_batch(self, producer: Producer, batch: "_Batch") -> None:
+        """Serve delivery reports until the batch has all of its own, up to the delivery timeout
+        (or the shutdown grace once stop is set); later batches' reports are served too."""
+        deadline = batch.deadline
+        while len(batch.deliveries) < len(batch.claimed):
             now = time.monotonic()
             if self.stop.is_set():
                 if self._stop_seen_at is None:
@@ -171,34 +191,62 @@ class Relay:
                 producer.purge(in_queue=True, in_flight=True, blocking=False)
                 producer.poll(0)
                 break
-            producer.flush(min(FLUSH_SLICE_S, deadline - now))
+            producer.poll(min(FLUSH_SLICE_S, deadline - now))
 
-    # --- one batch -------------------------------------------------------------------------
+    # --- batches ---------------------------------------------------------------------------
 
-    def publish_batch(self) -> BatchOutcome:
-        """Claim, produce, await the reports, record the outcome (see the module docstring)."""
-        outcome = BatchOutcome()
-        if self.stop.is_set():
-            return outcome
+    def _claim_and_produce(self) -> "_Batch | None":
+        """Claim a batch (committed at once) and hand it to the producer; None if none."""
         claimed = store.claim_batch(
             self.using, batch_size=self.settings.batch_size, lease=self.settings.claim_ttl,
             relay_id=self.relay_id,
         )
-        outcome.claimed = len(claimed)
         if not claimed:
-            return outcome
+            return None
         producer = self.producer
-        deliveries: dict[uuid.UUID, _Delivery] = {}
+        deadline = (time.monotonic() + self.settings.delivery_timeout.total_seconds()
+                    + FLUSH_MARGIN_S)
+        batch = _Batch(claimed, {}, deadline)
         for message in claimed:
-            self._produce(producer, message, deliveries)
+            self._produce(producer, message, batch.deliveries)
         producer.poll(0)
-        self._await_deliveries(producer, len(claimed), deliveries)
-        self._record(claimed, deliveries, outcome)
-        self.stats.add(outcome)
-        return outcome
+        return batch
 
-    def _record(self, claimed: list[store.ClaimedMessage], deliveries: dict[uuid.UUID, _Delivery],
-                outcome: BatchOutcome) -> None:
+    def _finish(self, batch: "_Batch") -> BatchOutcome:
+        self._await_batch(self.producer, batch)
+        return self._record(batch.claimed, batch.deliveries)
+
+    def publish_batch(self) -> BatchOutcome:
+        """One batch, start to end: claim, produce, await the reports, record the outcome."""
+        if self.stop.is_set():
+            return BatchOutcome()
+        batch = self._claim_and_produce()
+        return BatchOutcome() if batch is None else self._finish(batch)
+
+    def publish_available(self) -> BatchOutcome:
+        """Batches until a claim comes back empty, the broker is unavailable, or stop; the next
+        batch is claimed and produced while the previous one awaits its delivery reports
+        (safe for order: a key's next row is claimable only once its head is marked)."""
+        total = BatchOutcome()
+        in_flight: deque[_Batch] = deque()
+        claiming = True
+        while True:
+            while claiming and len(in_flight) < PIPELINE_DEPTH and not self.stop.is_set():
+                batch = self._claim_and_produce()
+                if batch is None:
+                    claiming = False
+                else:
+                    in_flight.append(batch)
+            if not in_flight:
+                return total
+            outcome = self._finish(in_flight.popleft())
+            total.merge(outcome)
+            if outcome.broker_unavailable:
+                claiming = False
+
+    def _record(self, claimed: list[store.ClaimedMessage],
+                deliveries: dict[uuid.UUID, _Delivery]) -> BatchOutcome:
+        outcome = BatchOutcome(claimed=len(claimed))
         delivered: list[uuid.UUID] = []
         unavailable: list[uuid.UUID] = []
         failures: list[store.Failure] = []
@@ -233,6 +281,8 @@ class Relay:
         log_event(logger, logging.DEBUG, "batch done", relay_id=self.relay_id,
                   claimed=outcome.claimed, published=outcome.published,
                   released=outcome.released, failed=outcome.failed, parked=len(outcome.parked))
+        self.stats.add(outcome)
+        return outcome
 
     # --- retention -------------------------------------------------------------------------
 
@@ -255,7 +305,7 @@ class Relay:
     def run_pass(self) -> RelayStats:
         """Publish until nothing is deliverable (or the broker is unavailable), then prune."""
         while not self.stop.is_set():
-            outcome = self.publish_batch()
+            outcome = self.publish_available()
             if outcome.claimed == 0 or outcome.broker_unavailable:
                 break
         self.prune()
@@ -284,7 +334,7 @@ class Relay:
                     if time.monotonic() >= next_prune:
                         self.prune()
                         next_prune = time.monotonic() + PRUNE_EVERY_S
-                    outcome = self.publish_batch()
+                    outcome = self.publish_available()
                     db_failures = 0
                 except DatabaseErrors as exc:
                     db_failures += 1

@@ -4,7 +4,10 @@
 -- and its available_at (a claim lease or a retry delay) is null or past.
 
 -- claim_batch: lease up to batch_size deliverable rows, each the oldest unpublished row of its key, skipping rows other relays hold
-with candidates as (
+update outbox_messages m
+set available_at = now() + %(lease)s::interval,
+    claimed_by = %(relay_id)s
+where m.id = any(array(
     select o.id
     from outbox_messages o
     where o.published_at is null
@@ -18,13 +21,7 @@ with candidates as (
             and (older.created_at, older.id) < (o.created_at, o.id))
     order by o.created_at, o.id
     limit %(batch_size)s
-    for update of o skip locked
-)
-update outbox_messages m
-set available_at = now() + %(lease)s::interval,
-    claimed_by = %(relay_id)s
-from candidates c
-where m.id = c.id
+    for update of o skip locked))
 returning m.id, m.topic, m.message_key, m.payload::text, m.headers::text, m.aggregate_type,
           m.aggregate_id, m.created_at, m.attempts;
 
