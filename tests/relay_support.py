@@ -12,12 +12,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from django.db import connection, connections
 
 from outbox.config import RelaySettings
 from outbox.mock_kafka import MockKafkaCluster
 from outbox.relay import Relay
+from outbox.topic import Record
 from reminders import events
 from reminders.devdb import RELAY_ROLE
 
@@ -148,59 +148,6 @@ def wait_for(condition: Callable[[], bool], *, timeout: float = 30.0, what: str 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
-
-
-@dataclass(frozen=True)
-class Record:
-    key: str
-    value: bytes
-    headers: dict[str, str]
-    timestamp_ms: int
-    partition: int
-    offset: int
-
-    @property
-    def message_id(self) -> str:
-        return self.headers["message_id"]
-
-    def json(self) -> Any:
-        return json.loads(self.value)
-
-
-def read_topic(bootstrap: str, topic: str = TOPIC, *, timeout: float = 30.0) -> list[Record]:
-    """Every record now in `topic` (all partitions, from the start), with a fresh group."""
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap,
-        "group.id": f"test-{uuid.uuid4()}",
-        "enable.auto.commit": False,
-        "auto.offset.reset": "earliest",
-    })
-    try:
-        metadata = consumer.list_topics(topic, timeout=10)
-        partitions = sorted(metadata.topics[topic].partitions) if topic in metadata.topics else []
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in partitions}
-        wanted = {p for p, end in ends.items() if end > 0}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in wanted])
-        records: list[Record] = []
-        deadline = time.monotonic() + timeout
-        while wanted:
-            if time.monotonic() > deadline:
-                raise AssertionError(f"could not read {topic} to its end in {timeout}s")
-            message = consumer.poll(0.2)
-            if message is None or message.error():
-                continue
-            records.append(Record(
-                key=message.key().decode(), value=message.value(),
-                headers={k: v.decode() for k, v in (message.headers() or [])},
-                timestamp_ms=message.timestamp()[1], partition=message.partition(),
-                offset=message.offset(),
-            ))
-            if message.offset() + 1 >= ends[message.partition()]:
-                wanted.discard(message.partition())
-        return records
-    finally:
-        consumer.close()
 
 
 def first_seen_order(records: list[Record]) -> dict[str, list[str]]:

@@ -12,6 +12,7 @@ from django.db import connection
 from outbox import store
 from outbox.mock_kafka import MockKafkaCluster
 from outbox.relay import Relay
+from outbox.topic import read_topic
 from outbox.wakeup import Wakeup
 from reminders import events
 from tests.conftest import CycleRunner
@@ -26,7 +27,6 @@ from tests.relay_support import (
     insert_outbox,
     interleaved_rows,
     outbox_state,
-    read_topic,
     relay_settings,
     unpublished_count,
     wait_for,

@@ -14,6 +14,7 @@ from django.db import connection
 from outbox.config import RelaySettings, load_relay_settings
 from outbox.mock_kafka import MockKafkaCluster
 from outbox.relay import Relay
+from outbox.topic import read_topic
 from reminders.config import ConfigError
 from tests.relay_support import (
     BASE_TIME,
@@ -23,7 +24,6 @@ from tests.relay_support import (
     insert_outbox,
     interleaved_rows,
     outbox_state,
-    read_topic,
     relay_settings,
     unpublished_count,
     wait_for,

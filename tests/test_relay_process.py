@@ -15,6 +15,7 @@ import pytest
 from django.db import connection
 
 from outbox.mock_kafka import MockKafkaCluster
+from outbox.topic import read_topic
 from reminders.devdb import RELAY_ROLE
 from tests.conftest import command_env, manage_py, test_database_url
 from tests.relay_support import (
@@ -23,7 +24,6 @@ from tests.relay_support import (
     insert_outbox,
     interleaved_rows,
     outbox_state,
-    read_topic,
     unpublished_count,
     wait_for,
 )
