@@ -77,6 +77,8 @@ def producer_config(settings: RelaySettings, client_id: str) -> dict[str, Any]:
         "linger.ms": int(settings.linger.total_seconds() * 1000),
         "message.timeout.ms": int(settings.delivery_timeout.total_seconds() * 1000),
         "queue.buffering.max.messages": max(100_000, 2 * settings.batch_size),
+        # Notice a broker that is back within a couple of seconds (librdkafka's default is 10 s).
+        "reconnect.backoff.max.ms": 2_000,
         "logger": logger,
     }
 
