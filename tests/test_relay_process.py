@@ -242,3 +242,29 @@ def test_missing_bootstrap_exits_2(transactional_db: None) -> None:
     done = run_relay(env)
 
     assert done.returncode == 2 and "KAFKA_BOOTSTRAP_SERVERS" in done.stderr
+
+
+def test_the_demo_pieces_mock_cluster_relay_and_read_back(
+    transactional_db: None, tmp_path: Path
+) -> None:
+    written = interleaved_rows(keys=3, per_key=2)
+    bootstrap_file = tmp_path / "bootstrap"
+    cluster = subprocess.Popen([*manage_py(), "mock_kafka", "--bootstrap-file", str(bootstrap_file)],
+                               env=command_env(), text=True, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    try:
+        wait_for(bootstrap_file.exists, timeout=30, what="the mock cluster's bootstrap file")
+        env = relay_env(bootstrap_file.read_text().strip())
+        assert run_relay(env).returncode == 0
+        shown = subprocess.run([*manage_py(), "read_outbox_topic", "--limit", "2"], env=env,
+                               text=True, capture_output=True, timeout=60, check=True).stdout
+    finally:
+        cluster.send_signal(signal.SIGTERM)
+        cluster.communicate(timeout=30)
+
+    assert cluster.returncode == 0
+    lines = shown.splitlines()
+    assert lines[0] == "topic pin.profile.document-expiry-reminders.v1: 6 event(s) consumed"
+    assert len(lines) == 3 and "Passport expires 2026-12-06 (7d threshold, 7 left)" in lines[1]
+    assert any(key in lines[1] for key in written)
+    assert "**" not in shown  # no number mask on the terminal
