@@ -108,6 +108,7 @@ class _Batch:
     claimed: list[store.ClaimedMessage]
     deliveries: dict[uuid.UUID, _Delivery]
     deadline: float
+    producer: Producer  # the one that has it, even if a fatal error replaced it since
 
 
 class Relay:
@@ -206,14 +207,14 @@ class Relay:
         producer = self.producer
         deadline = (time.monotonic() + self.settings.delivery_timeout.total_seconds()
                     + FLUSH_MARGIN_S)
-        batch = _Batch(claimed, {}, deadline)
+        batch = _Batch(claimed, {}, deadline, producer)
         for message in claimed:
             self._produce(producer, message, batch.deliveries)
         producer.poll(0)
         return batch
 
     def _finish(self, batch: "_Batch") -> BatchOutcome:
-        self._await_batch(self.producer, batch)
+        self._await_batch(batch.producer, batch)
         return self._record(batch.claimed, batch.deliveries)
 
     def publish_batch(self) -> BatchOutcome:

@@ -1,19 +1,24 @@
 """The relay when things go wrong: the broker away and back, a message that cannot be
 delivered, re-queueing it, and bad configuration."""
 
+import random
 import threading
 import uuid
 from datetime import timedelta
 from io import StringIO
 
 import pytest
+from confluent_kafka import KafkaError
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
+from hypothesis import given
+from hypothesis import strategies as st
 
 from outbox.config import RelaySettings, load_relay_settings
+from outbox.kafka import broker_unavailable
 from outbox.mock_kafka import MockKafkaCluster
-from outbox.relay import Relay
+from outbox.relay import Relay, backoff_delay
 from outbox.topic import read_topic
 from reminders.config import ConfigError
 from tests.relay_support import (
@@ -186,3 +191,36 @@ def test_stop_before_a_batch_claims_nothing(transactional_db: None) -> None:
     with as_relay():
         assert Relay(relay_settings("127.0.0.1:9"), stop=stop).publish_batch().claimed == 0
     assert outbox_state()[0]["claimed_by"] is None
+
+
+@pytest.mark.parametrize(
+    ("code", "unavailable"),
+    [
+        (KafkaError._MSG_TIMED_OUT, True),
+        (KafkaError._TRANSPORT, True),
+        (KafkaError._ALL_BROKERS_DOWN, True),
+        (KafkaError.NOT_ENOUGH_REPLICAS, True),
+        (KafkaError._PURGE_INFLIGHT, True),
+        (KafkaError.MSG_SIZE_TOO_LARGE, False),
+        (KafkaError.TOPIC_AUTHORIZATION_FAILED, False),
+        (KafkaError.UNKNOWN_TOPIC_OR_PART, False),
+        (KafkaError._UNKNOWN_TOPIC, False),
+        (KafkaError.INVALID_RECORD, False),
+    ],
+)
+def test_errors_are_told_apart_broker_unavailable_or_message_undeliverable(
+    code: int, unavailable: bool
+) -> None:
+    assert broker_unavailable(KafkaError(code)) is unavailable
+
+
+@given(failures=st.integers(min_value=1, max_value=60), seed=st.integers())
+def test_backoff_doubles_from_the_initial_delay_up_to_the_cap_with_jitter(
+    failures: int, seed: int
+) -> None:
+    initial, cap = timedelta(seconds=1), timedelta(minutes=1)
+    ceiling = min(60.0, 2.0 ** (failures - 1))
+
+    delay = backoff_delay(failures, initial, cap, random.Random(seed))
+
+    assert ceiling / 2 <= delay <= ceiling
