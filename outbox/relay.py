@@ -330,6 +330,7 @@ class Relay:
                   batch_size=self.settings.batch_size,
                   poll_interval_s=self.settings.poll_interval.total_seconds())
         try:
+            wakeup.listen()
             while not self.stop.is_set():
                 try:
                     if time.monotonic() >= next_prune:

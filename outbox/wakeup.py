@@ -27,7 +27,9 @@ class Wakeup:
         self.using = using
         self._conn: psycopg.Connection[Any] | None = None
 
-    def _listen(self) -> psycopg.Connection[Any] | None:
+    def listen(self) -> psycopg.Connection[Any] | None:
+        """Start listening (if not already): call before looking for work, so that nothing
+        inserted after the look goes unnoticed."""
         if self._conn is not None and not self._conn.closed:
             return self._conn
         wrapper = connections[self.using]
@@ -46,7 +48,7 @@ class Wakeup:
     def wait(self, timeout: float, stop: threading.Event) -> bool:
         """Wait up to `timeout` seconds; True if a notification arrived."""
         deadline = time.monotonic() + timeout
-        conn = self._listen()
+        conn = self.listen()
         while not stop.is_set():
             left = deadline - time.monotonic()
             if left <= 0:

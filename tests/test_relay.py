@@ -157,3 +157,25 @@ def test_retention_works_in_bounded_chunks(transactional_db: None, chunk: int,
     with as_relay():
         assert Relay(relay_settings("127.0.0.1:9")).prune() == 5
     assert outbox_state() == []
+
+
+def test_a_looping_relay_publishes_a_new_row_on_notification_not_on_polling(
+    transactional_db: None, kafka: MockKafkaCluster
+) -> None:
+    thread = RelayThread(relay_settings(kafka.bootstrap_servers,
+                                        poll_interval=timedelta(minutes=10)))
+    thread.start()
+    try:
+        wait_for(listening, timeout=30,
+                 what="the relay to listen")
+        insert_outbox(str(uuid.uuid4()), created_at=BASE_TIME)
+        # A ten-minute poll interval: only the notification can bring it out this soon.
+        wait_for(lambda: unpublished_count() == 0, timeout=15, what="the new row published")
+    finally:
+        thread.stop_and_join()
+
+
+def listening() -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("select count(*) from pg_stat_activity where query = 'listen outbox_messages'")
+        return int(cursor.fetchone()[0]) > 0
