@@ -135,6 +135,7 @@ class Relay:
         self._producer: Producer | None = None
         self._fatal: KafkaError | None = None
         self._stop_seen_at: float | None = None
+        self._relaxed: object | None = None
 
     # --- Kafka -----------------------------------------------------------------------------
 
@@ -198,6 +199,10 @@ class Relay:
 
     def _claim_and_produce(self) -> "_Batch | None":
         """Claim a batch (committed at once) and hand it to the producer; None if none."""
+        if self._relaxed is None or self._relaxed is not connections[self.using].connection:
+            # Once per database session: commits need no WAL flush wait (a lost claim or mark
+            # after a database crash only means sending those rows again).
+            self._relaxed = store.relax_commit_durability(self.using)
         claimed = store.claim_batch(
             self.using, batch_size=self.settings.batch_size, lease=self.settings.claim_ttl,
             relay_id=self.relay_id,

@@ -70,6 +70,14 @@ class ParkedMessage:
     blocked_behind: int
 
 
+def relax_commit_durability(using: str) -> psycopg.Connection[Any]:
+    """Let this session commit without waiting for the WAL flush; the connection it applies to."""
+    conn = raw_connection(using)
+    with psycopg.Cursor(conn) as cur:
+        cur.execute(query("relax_commit_durability"))
+    return conn
+
+
 def claim_batch(using: str, *, batch_size: int, lease: timedelta, relay_id: str) -> list[ClaimedMessage]:
     """Lease up to `batch_size` deliverable rows (per key only its oldest), committed at once."""
     with _cursor(using) as cur:

@@ -93,3 +93,6 @@ select count(*) filter (where parked_at is null) as unpublished,
        extract(epoch from now() - min(created_at)) as oldest_age_s
 from outbox_messages
 where published_at is null;
+
+-- relax_commit_durability: this session's commits do not wait for the WAL flush (a crash may undo the last marks or claims: those rows are sent again, which at-least-once allows)
+set synchronous_commit = off;
