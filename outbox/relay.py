@@ -349,6 +349,8 @@ class Relay:
                     self._back_off(db_failures, "database unavailable, retrying",
                                    error=f"{type(exc).__name__}: {exc}".strip()[:300])
                     continue
+                if self.stop.is_set():
+                    break  # what the stop released is not the broker's fault
                 if outcome.broker_unavailable:
                     unavailable += 1
                     self._back_off(unavailable, "broker unavailable, backing off")
