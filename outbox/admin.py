@@ -16,6 +16,7 @@ from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from outbox import store as outbox_store
 from outbox.models import OutboxMessage
 from reminders.admin_paging import EstimatedCountPaginator, exact_uuid_filter
 
@@ -108,7 +109,8 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         with transaction.atomic():
             parked = list(queryset.filter(published_at__isnull=True, parked_at__isnull=False)
                           .order_by("created_at").select_for_update())
-            OutboxMessage.objects.filter(pk__in=[m.pk for m in parked]).update(parked_at=None, attempts=0)
+            # The relay's own re-queue: it also clears the lease, so the row goes out at once.
+            outbox_store.requeue_parked(queryset.db, [m.pk for m in parked])
             for message in parked:
                 self.log_change(request, message, (
                     f"Re-queued: parked_at cleared (was {message.parked_at:%Y-%m-%d %H:%M:%S} UTC) "

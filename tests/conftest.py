@@ -104,3 +104,6 @@ def new_uuid() -> uuid.UUID:
 
 
 __all__ = ["CycleRunner", "command_env", "insert_documents", "manage_py", "new_uuid"]
+
+# The relay's fixtures (a mock Kafka cluster per test).
+pytest_plugins = ["tests.relay_support"]
