@@ -24,9 +24,10 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from django.db import Error as DjangoDatabaseError
 from django.db import connections
 
-from outbox import kafka, store
+from outbox import kafka, metrics, store
 from outbox.config import RelaySettings
 from outbox.wakeup import Wakeup
+from reminders.health import Heartbeat
 from reminders.logs import log_event
 
 logger = logging.getLogger("outbox.relay")
@@ -124,6 +125,7 @@ class Relay:
         relay_id: str | None = None,
         rng: random.Random | None = None,
         wait: Wait | None = None,
+        heartbeat: Heartbeat | None = None,
     ) -> None:
         self.settings = settings
         self.using = using
@@ -132,6 +134,7 @@ class Relay:
         self.rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
         self._wait: Wait = wait or self.stop.wait
         self.stats = RelayStats()
+        self.heartbeat = heartbeat  # beaten every loop iteration: /healthz of publish_outbox --loop
         self._producer: Producer | None = None
         self._fatal: KafkaError | None = None
         self._stop_seen_at: float | None = None
@@ -288,6 +291,9 @@ class Relay:
                   claimed=outcome.claimed, published=outcome.published,
                   released=outcome.released, failed=outcome.failed, parked=len(outcome.parked))
         self.stats.add(outcome)
+        metrics.record_published(outcome.published)
+        metrics.record_failed(outcome.failed)
+        metrics.record_parked(len(outcome.parked))
         return outcome
 
     # --- retention -------------------------------------------------------------------------
@@ -337,6 +343,8 @@ class Relay:
         try:
             wakeup.listen()
             while not self.stop.is_set():
+                if self.heartbeat is not None:
+                    self.heartbeat.beat()
                 try:
                     if time.monotonic() >= next_prune:
                         self.prune()

@@ -1,8 +1,10 @@
 """The relay as operators run it: `manage.py publish_outbox` in a subprocess, as the relay's
 role, killed with SIGKILL between produce and mark, stopped with SIGTERM, misconfigured."""
 
+import json
 import signal
 import subprocess
+import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -268,3 +270,35 @@ def test_the_demo_pieces_mock_cluster_relay_and_read_back(
     assert len(lines) == 3 and "Passport expires 2026-12-06 (7d threshold, 7 left)" in lines[1]
     assert any(key in lines[1] for key in written)
     assert "**" not in shown  # no number mask on the terminal
+
+
+def test_loop_serves_its_counters_and_health_on_metrics_addr(
+    transactional_db: None, kafka: MockKafkaCluster, tmp_path: Path
+) -> None:
+    interleaved_rows(keys=3, per_key=2)
+    log = tmp_path / "relay.log"
+    relay = start_relay(relay_env(kafka.bootstrap_servers, METRICS_ADDR="127.0.0.1:0"), "--loop",
+                        log=log)
+    try:
+        wait_for(lambda: unpublished_count() == 0, timeout=60, what="the rows to go out")
+        wait_for(lambda: '"metrics server listening"' in log.read_text(), what="the server")
+        port = next(json.loads(line)["port"] for line in log.read_text().splitlines()
+                    if '"metrics server listening"' in line)
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: "profile_outbox_published_total 6.0" in _get(f"{base}/metrics")[1],
+                 timeout=30, what="the published counter to reach 6")
+        scraped = _get(f"{base}/metrics")[1]
+        health, ready = _get(f"{base}/healthz"), _get(f"{base}/readyz")
+    finally:
+        relay.send_signal(signal.SIGTERM)
+        relay.communicate(timeout=30)
+
+    assert relay.returncode == 0, log.read_text()
+    assert "profile_outbox_parked_total 0.0" in scraped
+    assert "profile_outbox_unpublished_messages 0.0" in scraped
+    assert (health[0], ready[0]) == (200, 200)
+
+
+def _get(url: str) -> tuple[int, str]:
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - a loopback URL
+        return response.status, response.read().decode()

@@ -1,17 +1,26 @@
 """manage.py publish_outbox: relay outbox rows to Kafka, one pass or --loop."""
 
+import os
+import threading
 from argparse import ArgumentParser
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
 from outbox import store
 from outbox.cli import EXIT_NOT_ALL_DELIVERED, relay_settings_from_env
-from outbox.config import validate
+from outbox.config import RelaySettings, validate
+from outbox.metrics import register_outbox_gauges
 from outbox.relay import DatabaseErrors, Relay, RelayStats
 from reminders.cli import EXIT_USAGE
 from reminders.config import ConfigError, parse_positive_int
+from reminders.health import Heartbeat, database_ready
+from reminders.ops_server import Probes, ops_server_from_env
 from reminders.shutdown import stop_on_signals
+
+# /healthz fails when the loop has not turned for this long (or 3 poll intervals, if longer).
+HEARTBEAT_MIN = timedelta(minutes=5)
 
 
 class Command(BaseCommand):
@@ -40,10 +49,10 @@ class Command(BaseCommand):
             except ConfigError as exc:
                 raise CommandError(str(exc), returncode=EXIT_USAGE) from None
         with stop_on_signals() as stop:
-            relay = Relay(settings, stop=stop)
             if options["loop"]:
-                relay.run_loop()
+                self._loop(settings, stop)
                 return
+            relay = Relay(settings, stop=stop)
             try:
                 stats = relay.run_pass()
                 backlog = store.backlog(relay.using)
@@ -59,6 +68,22 @@ class Command(BaseCommand):
                 f"{stats.failed} failed, {stats.parked} parked; run again",
                 returncode=EXIT_NOT_ALL_DELIVERED,
             )
+
+    def _loop(self, settings: RelaySettings, stop: threading.Event) -> None:
+        """--loop, with METRICS_ADDR's /metrics, /healthz (the loop beats) and /readyz."""
+        beat = Heartbeat(timeout=max(HEARTBEAT_MIN, 3 * settings.poll_interval))
+        try:
+            server = ops_server_from_env(os.environ, Probes(beat.liveness, database_ready))
+        except ConfigError as exc:
+            raise CommandError(str(exc), returncode=EXIT_USAGE) from None
+        if server is not None:
+            register_outbox_gauges()
+            server.start()
+        try:
+            Relay(settings, stop=stop, heartbeat=beat).run_loop()
+        finally:
+            if server is not None:
+                server.stop()
 
     def _summarise(self, stats: RelayStats, backlog: store.Backlog) -> None:
         self.stdout.write("\n".join([
