@@ -104,3 +104,16 @@ def new_uuid() -> uuid.UUID:
 
 
 __all__ = ["CycleRunner", "command_env", "insert_documents", "manage_py", "new_uuid"]
+
+
+# --- chaos scenarios (issue 7): what each one tried, in the session summary ---------------
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    from tests import chaos_report
+
+    if chaos_report.LINES:
+        chaos_report.write()
+        terminalreporter.section("chaos scenarios: what was tried")
+        for line in chaos_report.LINES:
+            terminalreporter.write_line(line)
