@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import date, timedelta
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 
 from tests.reference import RefDocument, ReferenceLedger
 
@@ -58,7 +58,8 @@ class Snapshot:
 
 def _rows(sql: str) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
-        cursor.execute("reset role")
+        if not connection.in_atomic_block:
+            cursor.execute("reset role")
         cursor.execute(sql)
         return list(cursor.fetchall())
 
@@ -71,6 +72,17 @@ def documents_md5() -> str:
 
 
 def snapshot(retention_days: int = 90) -> Snapshot:
+    """Markers, events and runs as of one instant (a killed worker's last commit may land
+    between two statements)."""
+    with connection.cursor() as cursor:
+        cursor.execute("reset role")
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("set transaction isolation level repeatable read")
+        return _snapshot(retention_days)
+
+
+def _snapshot(retention_days: int) -> Snapshot:
     markers = {
         (d, t): (n, o, r) for d, t, n, o, r in _rows(
             "select document_id, threshold_days, notified, owner_user_id, run_id"
@@ -164,7 +176,8 @@ def check_owner_atomicity(before: ReferenceLedger, after: ReferenceLedger,
         for marker in markers:
             m[owner_of.get(marker[0], marker[0])].add(marker)
         for (owner, day), items in events.items():
-            e[owner].add((day, json.dumps(items, sort_keys=True, default=str)))
+            e[owner].add((day, json.dumps(sorted(items.values(), key=lambda i: i["documentId"]),
+                                          sort_keys=True)))
         return {o: (frozenset(m[o]), frozenset(e[o])) for o in set(m) | set(e)}
 
     got = by_owner(snap.marker_set(), snap.events_by_owner_day())
