@@ -95,8 +95,12 @@ class Worker:
             self.lines.append(line.rstrip("\n"))
 
     def events(self) -> list[dict[str, Any]]:
-        """The JSON log lines so far (a non-JSON line fails: logs are structured)."""
-        return [json.loads(line) for line in list(self.lines) if line.strip()]
+        """The JSON log lines so far (Django's final `CommandError: ...` line is plain text)."""
+        return [json.loads(line) for line in list(self.lines) if line.startswith("{")]
+
+    def plain_lines(self) -> list[str]:
+        """The stderr lines that are not log lines (a command's one-line error)."""
+        return [line for line in list(self.lines) if line.strip() and not line.startswith("{")]
 
     def logged(self, event: str) -> list[dict[str, Any]]:
         return [e for e in self.events() if e.get("event") == event]
@@ -147,6 +151,17 @@ def terminate_worker_sessions() -> int:
             cursor.execute("select pg_terminate_backend(%s)", (pid,))
             ended += bool(cursor.fetchone()[0])  # type: ignore[index]
     return ended
+
+
+def terminate_worker_waiting_on_a_lock() -> bool:
+    """Terminate the worker's session if it waits on a lock; True when it did."""
+    with connection.cursor() as cursor:
+        cursor.execute("reset role")
+        cursor.execute(
+            "select count(*) filter (where pg_terminate_backend(pid)) from pg_stat_activity"
+            " where usename = %s and datname = %s and wait_event_type = 'Lock'",
+            (WORKER_ROLE, connection.settings_dict["NAME"]))
+        return bool(cursor.fetchone()[0])  # type: ignore[index]
 
 
 def iso(instant: datetime) -> str:
