@@ -81,8 +81,10 @@ class Worker:
 
     @classmethod
     def start(cls, *args: str, role: str = WORKER_ROLE, **env: str) -> "Worker":
+        environment = command_env(role)
+        environment.update(env)
         proc = subprocess.Popen(
-            [*manage_py(), "run_expiry_reminders", *args], env=command_env(role, **env),
+            [*manage_py(), "run_expiry_reminders", *args], env=environment,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         worker = cls(proc)
         worker._reader = threading.Thread(target=worker._read, daemon=True)
