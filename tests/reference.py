@@ -12,6 +12,7 @@ Read it as the specification, one day at a time:
   already has a marker for an even smaller threshold (it was told something more urgent);
 - at most `cap` documents per owner per day, the most urgent first (smallest `left`, then
   id); the others get nothing that day;
+- an event item carries the document's type, or "Unknown" when that is blank;
 - at the end of the day, markers whose expiry date is before as-of date - retention go.
 """
 
@@ -91,7 +92,8 @@ class ReferenceLedger:
                 notified=(t == to_tell and not told_more_urgent), expiry_day=expiry_day)
         if not told_more_urgent:
             self.events.setdefault((owner, today), {})[doc.id] = {
-                "documentId": str(doc.id), "type": doc.type, "numberMask": doc.number_mask,
+                "documentId": str(doc.id), "type": doc.type if doc.type.strip() else "Unknown",
+                "numberMask": doc.number_mask,
                 "expiresAt": expiry_day.isoformat(), "thresholdDays": to_tell,
                 "daysLeft": left,
             }
