@@ -112,8 +112,8 @@ __all__ = ["CycleRunner", "command_env", "insert_documents", "manage_py", "new_u
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     from tests import chaos_report
 
-    if chaos_report.LINES:
+    if chaos_report.lines():
         chaos_report.write()
         terminalreporter.section("chaos scenarios: what was tried")
-        for line in chaos_report.LINES:
+        for line in chaos_report.lines():
             terminalreporter.write_line(line)

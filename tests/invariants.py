@@ -198,9 +198,11 @@ def check_owner_atomicity(before: ReferenceLedger, after: ReferenceLedger,
     return dict(counts)
 
 
-def check_invariants(*, documents_before: str, model: ReferenceLedger | None = None) -> Snapshot:
-    """All of (a)-(e); (d) only when a model of the clean runs is given."""
-    snap = check_structure()
+def check_invariants(*, documents_before: str, model: ReferenceLedger | None = None,
+                     retention_days: int = 90) -> Snapshot:
+    """All of (a)-(e); (d) only when a model of the clean runs is given. `retention_days`: the
+    shortest retention any run used (markers older than that may have been pruned)."""
+    snap = check_structure(snapshot(retention_days))
     if model is not None:
         check_matches_model(model, snap)
     assert documents_md5() == documents_before, "invariant (e) broken: person_documents changed"
