@@ -11,7 +11,7 @@ from datetime import time, timedelta
 
 DEFAULT_THRESHOLDS = (30, 7, 1, 0)
 
-# ASCII digits only: `\d` would also take "٣٠" or "５００" for numbers.
+# ASCII digits only: `\d` would also take Arabic-Indic or fullwidth digits for numbers.
 _WHOLE = re.compile(r"-?[0-9]+")
 _DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d)")
 _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}

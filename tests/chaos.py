@@ -9,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -114,6 +115,11 @@ class Worker:
             raise AssertionError(f"worker exited {self.proc.returncode} before logging "
                                  f"{event!r}:\n" + "\n".join(self.lines[-20:]))
 
+    def wait(self, seconds: float) -> None:
+        """Let the worker run for up to `seconds` (less if it exits first)."""
+        with suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=seconds)
+
     def finish(self, timeout: float = 120) -> tuple[int, str]:
         """Wait for the exit; (exit code, stdout)."""
         # Not communicate(): it would read stderr too, racing the reader thread for lines.
@@ -151,7 +157,8 @@ def terminate_worker_sessions() -> int:
         cursor.execute("reset role")
         for pid in worker_sessions():
             cursor.execute("select pg_terminate_backend(%s)", (pid,))
-            ended += bool(cursor.fetchone()[0])  # type: ignore[index]
+            row = cursor.fetchone()
+            ended += bool(row and row[0])
     return ended
 
 
@@ -163,7 +170,8 @@ def terminate_worker_waiting_on_a_lock() -> bool:
             "select count(*) filter (where pg_terminate_backend(pid)) from pg_stat_activity"
             " where usename = %s and datname = %s and wait_event_type = 'Lock'",
             (WORKER_ROLE, connection.settings_dict["NAME"]))
-        return bool(cursor.fetchone()[0])  # type: ignore[index]
+        row = cursor.fetchone()
+        return bool(row and row[0])
 
 
 def iso(instant: datetime) -> str:

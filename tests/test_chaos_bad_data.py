@@ -5,6 +5,7 @@ the rules: never a crash, never a lost or doubled reminder, events within a sane
 import json
 import uuid
 from datetime import UTC, datetime, time, timedelta, timezone
+from typing import Any
 
 from django.db import connection
 
@@ -13,7 +14,7 @@ from reminders.events import MAX_DOCUMENTS_PER_EVENT
 from reminders.models import ReminderRun
 from tests import chaos_report
 from tests.conftest import CycleRunner
-from tests.factories import DocumentSpec, Documents, insert_documents
+from tests.factories import Documents, DocumentSpec, insert_documents
 from tests.invariants import check_invariants, documents_md5
 from tests.ledger import AS_OF, TODAY, day, events_for
 from tests.reference import ReferenceLedger, documents_from_database
@@ -94,7 +95,7 @@ def test_odd_documents_are_handled_by_the_rules(run: CycleRunner, documents: Doc
         reminders=sum(len(v) for v in model.events.values()), lost=0, duplicated=0)
 
 
-def all_payloads() -> list[dict[str, object]]:
+def all_payloads() -> list[dict[str, Any]]:
     with connection.cursor() as cursor:
         cursor.execute("select payload from outbox_messages")
         return [json.loads(p) if isinstance(p, str) else p for (p,) in cursor.fetchall()]

@@ -18,11 +18,11 @@ TOO_BIG = "99999999999999999999"
 BAD_VALUES: dict[str, list[str]] = {
     "REMINDER_THRESHOLDS_DAYS": [
         "", " ", "abc", "30,,7", "30,7,", "-1", "7,7", "1,7", "30;7", "1e3", "3.5", "0x10",
-        "٣٠,7", "1000000000", TOO_BIG],
-    "REMINDER_BATCH_SIZE": ["", "0", "-5", "abc", "1.5", "５００", "100001", TOO_BIG],
-    "REMINDER_POLLING_INTERVAL": ["", "0", "0s", "abc", "-1h", "1y", "1h-", "٣h", "367d",
+        "\u0663\u0660,7", "1000000000", TOO_BIG],
+    "REMINDER_BATCH_SIZE": ["", "0", "-5", "abc", "1.5", "\uff15\uff10\uff10", "100001", TOO_BIG],
+    "REMINDER_POLLING_INTERVAL": ["", "0", "0s", "abc", "-1h", "1y", "1h-", "\u0663h", "367d",
                                   TOO_BIG + "d"],
-    "REMINDER_RUN_AT_UTC": ["", "24:00", "3pm", "03:60", "03:00Z", "3", "٠٣:٠٠", "-1:00"],
+    "REMINDER_RUN_AT_UTC": ["", "24:00", "3pm", "03:60", "03:00Z", "3", "\u0660\u0663:\u0660\u0660", "-1:00"],
     "REMINDER_MAX_RUN_DURATION": ["", "0", "abc", "10x", "400d", TOO_BIG + "h"],
     "REMINDER_RETENTION_DAYS": ["", "-1", "abc", "3651", TOO_BIG],
 }

@@ -16,8 +16,8 @@ from tests.chaos import (
     load_spread_documents,
     outbox_count,
     scalar,
-    terminate_worker_waiting_on_a_lock,
     terminate_worker_sessions,
+    terminate_worker_waiting_on_a_lock,
     wait_until,
 )
 from tests.conftest import test_database_url

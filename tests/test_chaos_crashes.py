@@ -4,7 +4,7 @@ the outbox are exactly what one uninterrupted run would have left."""
 
 import random
 import signal
-import subprocess
+from functools import partial
 
 import pytest
 
@@ -19,6 +19,10 @@ from tests.reference import ReferenceLedger, documents_from_database
 KILLS = 21
 DOCUMENTS = 6_000
 SEED = 20261129
+
+
+def progressed(worker: Worker, events: int) -> bool:
+    return outbox_count() >= events or worker.proc.poll() is not None
 
 
 @pytest.mark.slow
@@ -40,19 +44,13 @@ def test_sigkill_at_random_moments_leaves_no_half_written_owner(documents: Docum
         worker = Worker.start("--as-of", iso(as_of), REMINDER_BATCH_SIZE="5")
         if rng.random() < 0.25:
             # A bare random delay: lands in start-up, the census or the first batches.
-            try:
-                worker.proc.wait(timeout=rng.uniform(0.2, 1.5))
-            except subprocess.TimeoutExpired:
-                pass
+            worker.wait(rng.uniform(0.2, 1.5))
         else:
             # After a random number of committed events, plus a random sliver: mid-batch.
             target = events_before + rng.randint(1, 20)
-            wait_until(lambda t=target: outbox_count() >= t or worker.proc.poll() is not None,
-                       timeout=60, what="the worker's progress")
-            try:
-                worker.proc.wait(timeout=rng.uniform(0, 0.1))
-            except subprocess.TimeoutExpired:
-                pass
+            wait_until(partial(progressed, worker, target), timeout=60,
+                       what="the worker's progress")
+            worker.wait(rng.uniform(0, 0.1))
         if worker.proc.poll() is None:
             startup_kills += not worker.logged("cycle started")
             worker.proc.send_signal(signal.SIGKILL)

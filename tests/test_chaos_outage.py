@@ -2,6 +2,7 @@
 
 import signal
 from datetime import UTC, datetime
+from itertools import pairwise
 
 import pytest
 from django.db import connection
@@ -65,7 +66,7 @@ def test_loop_waits_out_a_database_outage_with_backoff_and_carries_on(
         assert [r["attempt"] for r in retries] == [1, 2, 3]
         assert 0.5 <= retries[0]["retry_in_s"] <= 1.0 and 2.0 <= retries[2]["retry_in_s"] <= 4.0
         gaps = [(datetime.fromisoformat(b["ts"]) - datetime.fromisoformat(a["ts"])).total_seconds()
-                for a, b in zip(retries, retries[1:], strict=False)]
+                for a, b in pairwise(retries)]
         assert all(gap >= r["retry_in_s"] - 0.05 for gap, r in zip(gaps, retries, strict=False))
         assert worker.proc.poll() is None and written_rows() == 0
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from tests import chaos_report
 from tests.conftest import CycleRunner
-from tests.factories import DocumentSpec, Documents, insert_documents
+from tests.factories import Documents, DocumentSpec, insert_documents
 from tests.invariants import check_invariants, documents_md5
 from tests.ledger import AS_OF
 from tests.reference import ReferenceLedger, documents_from_database

@@ -13,7 +13,7 @@ from reminders.devdb import WORKER_ROLE
 from tests import chaos_report
 from tests.chaos import Worker, iso
 from tests.conftest import test_database_url
-from tests.factories import DocumentSpec, Documents, insert_documents
+from tests.factories import Documents, DocumentSpec, insert_documents
 from tests.invariants import check_invariants, documents_md5
 from tests.ledger import day
 from tests.reference import ReferenceLedger, documents_from_database
