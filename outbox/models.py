@@ -26,6 +26,13 @@ class OutboxMessage(models.Model):
     parked_at = models.DateTimeField(
         null=True, help_text="Set when the relay gave up on the message; re-queue to retry"
     )
+    available_at = models.DateTimeField(
+        null=True,
+        help_text="Not claimable before this instant: a relay's claim lease, or a retry delay",
+    )
+    claimed_by = models.CharField(
+        max_length=64, null=True, help_text="The relay instance holding the current claim"
+    )
 
     class Meta:
         db_table = "outbox_messages"
@@ -34,6 +41,18 @@ class OutboxMessage(models.Model):
                 fields=["created_at"],
                 name="ix_outbox_messages_unpublished",
                 condition=models.Q(published_at__isnull=True),
+            ),
+            # The relay's per-key order check: "is there an older unpublished row of this key?"
+            models.Index(
+                fields=["message_key", "created_at", "id"],
+                name="ix_outbox_messages_unpublished_key",
+                condition=models.Q(published_at__isnull=True),
+            ),
+            # Retention deletes published rows by age without scanning the unpublished ones.
+            models.Index(
+                fields=["published_at"],
+                name="ix_outbox_messages_published_at",
+                condition=models.Q(published_at__isnull=False),
             ),
         ]
 

@@ -17,10 +17,12 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         totals = OutboxMessage.objects.aggregate(
-            events=Count("id"), unpublished=Count("id", filter=Q(published_at__isnull=True))
+            events=Count("id"), unpublished=Count("id", filter=Q(published_at__isnull=True)),
+            parked=Count("id", filter=Q(published_at__isnull=True, parked_at__isnull=False)),
         )
         self.stdout.write(
             f"outbox: {totals['events']} event(s), {totals['unpublished']} unpublished"
+            f" ({totals['parked']} parked: see requeue_outbox)"
         )
         for message in OutboxMessage.objects.order_by("-created_at", "id")[: options["limit"]]:
             documents = message.payload.get("documents", [])

@@ -1,0 +1,72 @@
+"""manage.py publish_outbox: relay outbox rows to Kafka, one pass or --loop."""
+
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from outbox import store
+from outbox.cli import EXIT_NOT_ALL_DELIVERED, relay_settings_from_env
+from outbox.config import validate
+from outbox.relay import DatabaseErrors, Relay, RelayStats
+from reminders.cli import EXIT_USAGE
+from reminders.config import ConfigError, parse_positive_int
+from reminders.shutdown import stop_on_signals
+
+
+class Command(BaseCommand):
+    help = (
+        "Publish outbox rows to Kafka (KAFKA_BOOTSTRAP_SERVERS), at least once and in order per "
+        "key, then delete published rows older than OUTBOX_RETENTION. One pass by default: "
+        "publish what is deliverable now and exit; --loop runs until SIGTERM/SIGINT, woken by "
+        "new rows (LISTEN/NOTIFY) or every OUTBOX_POLL_INTERVAL. Exit codes: 0 done (or "
+        "stopped by a signal), 1 not everything went out (broker unavailable, messages failed "
+        "or parked, database lost; nothing is lost, run again), 2 bad configuration or usage."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("--loop", action="store_true",
+                            help="publish continuously until SIGTERM/SIGINT")
+        parser.add_argument("--batch-size", metavar="N",
+                            help="rows per batch (overrides OUTBOX_BATCH_SIZE)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        settings = relay_settings_from_env()
+        if options["batch_size"] is not None:
+            try:
+                settings = settings.with_overrides(
+                    batch_size=parse_positive_int("--batch-size", options["batch_size"]))
+                validate(settings)
+            except ConfigError as exc:
+                raise CommandError(str(exc), returncode=EXIT_USAGE) from None
+        with stop_on_signals() as stop:
+            relay = Relay(settings, stop=stop)
+            if options["loop"]:
+                relay.run_loop()
+                return
+            try:
+                stats = relay.run_pass()
+                backlog = store.backlog(relay.using)
+            except DatabaseErrors as exc:
+                raise CommandError(f"database error: {type(exc).__name__}: {exc}".strip(),
+                                   returncode=EXIT_NOT_ALL_DELIVERED) from None
+            finally:
+                relay.close()
+        self._summarise(stats, backlog)
+        if not stop.is_set() and (stats.released or stats.failed):
+            raise CommandError(
+                f"not everything was delivered: {stats.released} released (broker unavailable), "
+                f"{stats.failed} failed, {stats.parked} parked; run again",
+                returncode=EXIT_NOT_ALL_DELIVERED,
+            )
+
+    def _summarise(self, stats: RelayStats, backlog: store.Backlog) -> None:
+        self.stdout.write("\n".join([
+            f"Relay pass: {stats.published} published in {stats.batches} batch(es)",
+            f"  released (broker unavailable)  {stats.released}",
+            f"  failed (retried later)         {stats.failed}",
+            f"  parked                         {stats.parked}",
+            f"  pruned                         {stats.pruned}",
+            f"  still unpublished              {backlog.unpublished}",
+            f"  parked in total                {backlog.parked}",
+        ]))

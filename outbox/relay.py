@@ -1,0 +1,372 @@
+"""The outbox relay (docs/outbox-relay.md): claim rows, produce them to Kafka, mark them.
+
+A batch is: one statement claims (leases) up to `batch_size` rows, each the oldest unpublished
+row of its key, and commits; the rows are produced; the relay waits for their delivery reports;
+then delivered rows are marked published, rows the broker could not take are released without
+an attempt counted, and undeliverable rows get an attempt counted, a retry delay, and are
+parked after `max_attempts`. No transaction is open during any Kafka call.
+"""
+
+import functools
+import logging
+import random
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from confluent_kafka import KafkaError, KafkaException, Producer
+from django.db import Error as DjangoDatabaseError
+from django.db import connections
+
+from outbox import kafka, store
+from outbox.config import RelaySettings
+from outbox.wakeup import Wakeup
+from reminders.logs import log_event
+
+logger = logging.getLogger("outbox.relay")
+
+DatabaseErrors = (psycopg.Error, DjangoDatabaseError)
+PRUNE_CHUNK = 5_000
+PRUNE_EVERY_S = 600.0
+# Extra time past the producer's own delivery timeout before the relay stops waiting.
+FLUSH_MARGIN_S = 5.0
+FLUSH_SLICE_S = 0.2
+# Batches in flight at once: the next claim overlaps the previous batch's delivery wait.
+PIPELINE_DEPTH = 2
+
+Wait = Callable[[float], object]
+
+
+def backoff_delay(failures: int, initial: timedelta, cap: timedelta, rng: random.Random) -> float:
+    """Seconds to wait after `failures` consecutive failures: doubling from `initial`, capped at
+    `cap`, with jitter over the upper half so that relays do not retry in lockstep."""
+    ceiling = min(cap.total_seconds(), initial.total_seconds() * 2 ** max(0, failures - 1))
+    return rng.uniform(ceiling / 2, ceiling)
+
+
+@dataclass(slots=True)
+class BatchOutcome:
+    """What one batch did."""
+
+    claimed: int = 0
+    published: int = 0
+    released: int = 0
+    failed: int = 0
+    parked: list[uuid.UUID] = field(default_factory=list)
+
+    @property
+    def broker_unavailable(self) -> bool:
+        return self.released > 0
+
+    def merge(self, other: "BatchOutcome") -> None:
+        self.claimed += other.claimed
+        self.published += other.published
+        self.released += other.released
+        self.failed += other.failed
+        self.parked.extend(other.parked)
+
+
+@dataclass(slots=True)
+class RelayStats:
+    """Running totals of a relay, for the command's summary, logs and tests."""
+
+    batches: int = 0
+    claimed: int = 0
+    published: int = 0
+    released: int = 0
+    failed: int = 0
+    parked: int = 0
+    pruned: int = 0
+    # Seconds waited after each consecutive "broker unavailable" or database failure.
+    backoffs: list[float] = field(default_factory=list)
+
+    def add(self, outcome: BatchOutcome) -> None:
+        self.batches += 1
+        self.claimed += outcome.claimed
+        self.published += outcome.published
+        self.released += outcome.released
+        self.failed += outcome.failed
+        self.parked += len(outcome.parked)
+
+
+@dataclass(frozen=True, slots=True)
+class _Delivery:
+    error: KafkaError | None
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Claimed rows handed to the producer, their delivery reports as they come, and when to
+    stop waiting for them."""
+
+    claimed: list[store.ClaimedMessage]
+    deliveries: dict[uuid.UUID, _Delivery]
+    deadline: float
+    producer: Producer  # the one that has it, even if a fatal error replaced it since
+
+
+class Relay:
+    """One relay instance. `run_pass()` publishes what is deliverable now and prunes;
+    `run_loop()` keeps going until `stop` is set."""
+
+    def __init__(
+        self,
+        settings: RelaySettings,
+        *,
+        using: str = "default",
+        stop: threading.Event | None = None,
+        relay_id: str | None = None,
+        rng: random.Random | None = None,
+        wait: Wait | None = None,
+    ) -> None:
+        self.settings = settings
+        self.using = using
+        self.stop = stop or threading.Event()
+        self.relay_id = relay_id or f"relay-{uuid.uuid4().hex[:12]}"
+        self.rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
+        self._wait: Wait = wait or self.stop.wait
+        self.stats = RelayStats()
+        self._producer: Producer | None = None
+        self._fatal: KafkaError | None = None
+        self._stop_seen_at: float | None = None
+        self._relaxed: object | None = None
+
+    # --- Kafka -----------------------------------------------------------------------------
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None or self._fatal is not None:
+            if self._fatal is not None:
+                log_event(logger, logging.ERROR, "producer failed fatally, starting a new one",
+                          relay_id=self.relay_id, error=kafka.describe(self._fatal))
+            self._fatal = None
+            self._producer = kafka.new_producer(self.settings, self.relay_id, self._on_error)
+        return self._producer
+
+    def _on_error(self, error: KafkaError) -> None:
+        if error.fatal():
+            self._fatal = error
+        log_event(logger, logging.WARNING, "kafka client error", relay_id=self.relay_id,
+                  error=kafka.describe(error))
+
+    def _produce(self, producer: Producer, message: store.ClaimedMessage,
+                 deliveries: dict[uuid.UUID, _Delivery]) -> None:
+        def delivered(message_id: uuid.UUID, error: KafkaError | None, _record: Any) -> None:
+            deliveries[message_id] = _Delivery(error)
+
+        while True:
+            try:
+                producer.produce(
+                    message.topic,
+                    value=message.payload.encode(),
+                    key=message.key.encode(),
+                    headers=kafka.record_headers(message),
+                    timestamp=kafka.record_timestamp_ms(message),
+                    on_delivery=functools.partial(delivered, message.id),
+                )
+                return
+            except BufferError:
+                producer.poll(0.05)  # the local queue is full: let deliveries drain it
+            except KafkaException as exc:
+                deliveries[message.id] = _Delivery(exc.args[0])
+                return
+
+    def _await_batch(self, producer: Producer, batch: "_Batch") -> None:
+        """Serve delivery reports until the batch has all of its own, up to the delivery timeout
+        (or the shutdown grace once stop is set); later batches' reports are served too."""
+        deadline = batch.deadline
+        while len(batch.deliveries) < len(batch.claimed):
+            now = time.monotonic()
+            if self.stop.is_set():
+                if self._stop_seen_at is None:
+                    self._stop_seen_at = now
+                deadline = min(deadline,
+                               self._stop_seen_at + self.settings.shutdown_grace.total_seconds())
+            if now >= deadline:
+                # Whatever is still in flight is released, and delivered again later if need be.
+                producer.purge(in_queue=True, in_flight=True, blocking=False)
+                producer.poll(0)
+                break
+            producer.poll(min(FLUSH_SLICE_S, deadline - now))
+
+    # --- batches ---------------------------------------------------------------------------
+
+    def _claim_and_produce(self) -> "_Batch | None":
+        """Claim a batch (committed at once) and hand it to the producer; None if none."""
+        if self._relaxed is None or self._relaxed is not connections[self.using].connection:
+            # Once per database session: commits need no WAL flush wait (a lost claim or mark
+            # after a database crash only means sending those rows again).
+            self._relaxed = store.relax_commit_durability(self.using)
+        claimed = store.claim_batch(
+            self.using, batch_size=self.settings.batch_size, lease=self.settings.claim_ttl,
+            relay_id=self.relay_id,
+        )
+        if not claimed:
+            return None
+        producer = self.producer
+        deadline = (time.monotonic() + self.settings.delivery_timeout.total_seconds()
+                    + FLUSH_MARGIN_S)
+        batch = _Batch(claimed, {}, deadline, producer)
+        for message in claimed:
+            self._produce(producer, message, batch.deliveries)
+        producer.poll(0)
+        return batch
+
+    def _finish(self, batch: "_Batch") -> BatchOutcome:
+        self._await_batch(batch.producer, batch)
+        return self._record(batch.claimed, batch.deliveries)
+
+    def publish_batch(self) -> BatchOutcome:
+        """One batch, start to end: claim, produce, await the reports, record the outcome."""
+        if self.stop.is_set():
+            return BatchOutcome()
+        batch = self._claim_and_produce()
+        return BatchOutcome() if batch is None else self._finish(batch)
+
+    def publish_available(self) -> BatchOutcome:
+        """Batches until a claim comes back empty, the broker is unavailable, or stop; the next
+        batch is claimed and produced while the previous one awaits its delivery reports
+        (safe for order: a key's next row is claimable only once its head is marked)."""
+        total = BatchOutcome()
+        in_flight: deque[_Batch] = deque()
+        claiming = True
+        while True:
+            while claiming and len(in_flight) < PIPELINE_DEPTH and not self.stop.is_set():
+                batch = self._claim_and_produce()
+                if batch is None:
+                    claiming = False
+                else:
+                    in_flight.append(batch)
+            if not in_flight:
+                return total
+            outcome = self._finish(in_flight.popleft())
+            total.merge(outcome)
+            if outcome.broker_unavailable:
+                claiming = False
+
+    def _record(self, claimed: list[store.ClaimedMessage],
+                deliveries: dict[uuid.UUID, _Delivery]) -> BatchOutcome:
+        outcome = BatchOutcome(claimed=len(claimed))
+        delivered: list[uuid.UUID] = []
+        unavailable: list[uuid.UUID] = []
+        failures: list[store.Failure] = []
+        first_unavailable: KafkaError | None = None
+        for message in claimed:
+            report = deliveries.get(message.id)
+            error = report.error if report else None
+            if report is not None and error is None:
+                delivered.append(message.id)
+            elif error is None or kafka.broker_unavailable(error):
+                unavailable.append(message.id)
+                first_unavailable = first_unavailable or error
+            else:
+                retry_in = backoff_delay(message.attempts + 1, self.settings.backoff_initial,
+                                         self.settings.backoff_max, self.rng)
+                failures.append(store.Failure(message.id, kafka.describe(error),
+                                              timedelta(seconds=retry_in)))
+                log_event(logger, logging.WARNING, "message not delivered", relay_id=self.relay_id,
+                          message_id=message.id, attempt=message.attempts + 1,
+                          error=kafka.describe(error), retry_in_s=round(retry_in, 3))
+        outcome.published = store.mark_published(self.using, delivered)
+        outcome.released = store.release_claims(self.using, unavailable, self.relay_id)
+        outcome.failed = len(failures)
+        outcome.parked = store.record_failures(self.using, failures, self.settings.max_attempts)
+        for message_id in outcome.parked:
+            log_event(logger, logging.ERROR, "message parked", relay_id=self.relay_id,
+                      message_id=message_id, attempts=self.settings.max_attempts)
+        if unavailable:
+            log_event(logger, logging.WARNING, "broker unavailable, messages released",
+                      relay_id=self.relay_id, released=len(unavailable),
+                      error=kafka.describe(first_unavailable) if first_unavailable else "no report")
+        log_event(logger, logging.DEBUG, "batch done", relay_id=self.relay_id,
+                  claimed=outcome.claimed, published=outcome.published,
+                  released=outcome.released, failed=outcome.failed, parked=len(outcome.parked))
+        self.stats.add(outcome)
+        return outcome
+
+    # --- retention -------------------------------------------------------------------------
+
+    def prune(self) -> int:
+        """Delete rows published longer than the retention ago, in bounded chunks."""
+        total = 0
+        while not self.stop.is_set():
+            deleted = store.prune_published(self.using, self.settings.retention, PRUNE_CHUNK)
+            total += deleted
+            if deleted < PRUNE_CHUNK:
+                break
+        self.stats.pruned += total
+        if total:
+            log_event(logger, logging.INFO, "published messages pruned", relay_id=self.relay_id,
+                      pruned=total, retention_s=self.settings.retention.total_seconds())
+        return total
+
+    # --- one pass, and the loop ----------------------------------------------------------
+
+    def run_pass(self) -> RelayStats:
+        """Publish until nothing is deliverable (or the broker is unavailable), then prune."""
+        while not self.stop.is_set():
+            outcome = self.publish_available()
+            if outcome.claimed == 0 or outcome.broker_unavailable:
+                break
+        self.prune()
+        return self.stats
+
+    def _back_off(self, failures: int, reason: str, **fields: Any) -> None:
+        delay = backoff_delay(failures, self.settings.backoff_initial, self.settings.backoff_max,
+                              self.rng)
+        self.stats.backoffs.append(delay)
+        log_event(logger, logging.WARNING, reason, relay_id=self.relay_id, attempt=failures,
+                  retry_in_s=round(delay, 3), **fields)
+        self._wait(delay)
+
+    def run_loop(self, wakeup: Wakeup | None = None) -> RelayStats:
+        """Publish continuously until `stop`: a full or productive batch claims again at once,
+        an empty one waits for a notification or the poll interval, failures back off."""
+        wakeup = wakeup or Wakeup(self.using)
+        unavailable = db_failures = 0
+        next_prune = time.monotonic()
+        log_event(logger, logging.INFO, "relay started", relay_id=self.relay_id,
+                  batch_size=self.settings.batch_size,
+                  poll_interval_s=self.settings.poll_interval.total_seconds())
+        try:
+            wakeup.listen()
+            while not self.stop.is_set():
+                try:
+                    if time.monotonic() >= next_prune:
+                        self.prune()
+                        next_prune = time.monotonic() + PRUNE_EVERY_S
+                    outcome = self.publish_available()
+                    db_failures = 0
+                except DatabaseErrors as exc:
+                    db_failures += 1
+                    connections[self.using].close()
+                    self._back_off(db_failures, "database unavailable, retrying",
+                                   error=f"{type(exc).__name__}: {exc}".strip()[:300])
+                    continue
+                if self.stop.is_set():
+                    break  # what the stop released is not the broker's fault
+                if outcome.broker_unavailable:
+                    unavailable += 1
+                    self._back_off(unavailable, "broker unavailable, backing off")
+                    continue
+                unavailable = 0
+                if outcome.claimed == 0:
+                    wakeup.wait(self.settings.poll_interval.total_seconds(), self.stop)
+        finally:
+            wakeup.close()
+            self.close()
+        log_event(logger, logging.INFO, "relay stopped", relay_id=self.relay_id,
+                  published=self.stats.published, parked=self.stats.parked)
+        return self.stats
+
+    def close(self) -> None:
+        """Let the producer finish (nothing is in flight between batches) and drop it."""
+        if self._producer is not None:
+            self._producer.flush(self.settings.shutdown_grace.total_seconds())
+            self._producer = None

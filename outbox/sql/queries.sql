@@ -1,0 +1,98 @@
+-- Every SQL statement of the outbox relay, by name. Loaded by outbox.store.
+-- Blocks start with `-- name: description`. Parameters are psycopg's %(name)s.
+-- Times come from the database's now(); a row is claimable when it is unpublished, not parked,
+-- and its available_at (a claim lease or a retry delay) is null or past.
+
+-- claim_batch: lease up to batch_size deliverable rows, each the oldest unpublished row of its key, skipping rows other relays hold
+update outbox_messages m
+set available_at = now() + %(lease)s::interval,
+    claimed_by = %(relay_id)s
+where m.id = any(array(
+    select o.id
+    from outbox_messages o
+    where o.published_at is null
+      and o.parked_at is null
+      and (o.available_at is null or o.available_at <= now())
+      -- Order per key: only the head of each key; a leased, delayed or parked head holds its key.
+      and not exists (
+          select 1 from outbox_messages older
+          where older.message_key = o.message_key
+            and older.published_at is null
+            and (older.created_at, older.id) < (o.created_at, o.id))
+    order by o.created_at, o.id
+    limit %(batch_size)s
+    for update of o skip locked))
+returning m.id, m.topic, m.message_key, m.payload::text, m.headers::text, m.aggregate_type,
+          m.aggregate_id, m.created_at, m.attempts;
+
+-- mark_published: record rows whose delivery report succeeded
+update outbox_messages
+set published_at = now(),
+    attempts = attempts + 1,
+    available_at = null,
+    claimed_by = null
+where id = any(%(ids)s::uuid[])
+  and published_at is null;
+
+-- release_claims: hand rows back unpublished (broker unavailable, or shutdown), without counting an attempt
+update outbox_messages
+set available_at = null,
+    claimed_by = null
+where id = any(%(ids)s::uuid[])
+  and published_at is null
+  and claimed_by = %(relay_id)s;
+
+-- record_failures: count a failed delivery per row, delay its retry, and park it once it has used its attempts
+update outbox_messages m
+set attempts = m.attempts + 1,
+    last_error = f.error,
+    claimed_by = null,
+    available_at = case when m.attempts + 1 >= %(max_attempts)s then null
+                        else now() + f.retry_in end,
+    parked_at = case when m.attempts + 1 >= %(max_attempts)s then now() end
+from unnest(%(ids)s::uuid[], %(errors)s::text[], %(retry_in)s::interval[]) as f(id, error, retry_in)
+where m.id = f.id
+  and m.published_at is null
+returning m.id, m.parked_at is not null as parked;
+
+-- prune_published: delete one bounded chunk of rows published before the retention cutoff (unpublished rows never expire)
+delete from outbox_messages
+where id in (
+    select id from outbox_messages
+    where published_at < now() - %(retention)s::interval
+    order by published_at
+    limit %(chunk)s
+);
+
+-- list_parked: parked rows, oldest first, with what blocks behind them
+select p.id, p.message_key, p.event_type, p.attempts, p.parked_at, p.last_error,
+       (select count(*) from outbox_messages b
+        where b.message_key = p.message_key
+          and b.published_at is null
+          and (b.created_at, b.id) > (p.created_at, p.id)) as blocked_behind
+from outbox_messages p
+where p.parked_at is not null
+  and p.published_at is null
+order by p.parked_at, p.id
+limit %(limit)s;
+
+-- requeue_parked: make parked rows deliverable again with fresh attempts (all of them, or the given ids)
+update outbox_messages
+set parked_at = null,
+    attempts = 0,
+    available_at = null,
+    claimed_by = null
+where parked_at is not null
+  and published_at is null
+  and (%(all)s or id = any(%(ids)s::uuid[]))
+returning id;
+
+-- outbox_backlog: unpublished and parked counts, and the age of the oldest unpublished row
+select count(*) filter (where parked_at is null) as unpublished,
+       count(*) filter (where parked_at is not null) as parked,
+       extract(epoch from now() - min(created_at)) as oldest_age_s
+from outbox_messages
+where published_at is null;
+
+-- relax_commit_durability: this session's commits do not wait for the WAL flush (a crash may undo the last marks or claims: those rows are sent again, which at-least-once allows)
+set synchronous_commit = off;

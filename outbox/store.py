@@ -1,0 +1,160 @@
+"""The only module of the relay that talks to the database: each function runs one named query
+of `sql/queries.sql` in its own short transaction (autocommit), so that no transaction is ever
+open across a Kafka call."""
+
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from reminders.queries import load
+from reminders.store import raw_connection
+
+QUERIES_FILE = Path(__file__).parent / "sql" / "queries.sql"
+
+
+def query(name: str) -> str:
+    """The SQL of a named query."""
+    return load(QUERIES_FILE)[name]
+
+
+def _cursor(using: str) -> psycopg.Cursor[Any]:
+    # A plain psycopg cursor binds parameters on the server (Django's default is client-side).
+    return psycopg.Cursor(raw_connection(using))
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedMessage:
+    """A leased outbox row, as the producer needs it (the payload stays opaque text)."""
+
+    id: uuid.UUID
+    topic: str
+    key: str
+    payload: str
+    headers: dict[str, Any]
+    aggregate_type: str
+    aggregate_id: str
+    created_at: datetime
+    attempts: int
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """A message-level delivery failure to record: the error, and when to try again."""
+
+    id: uuid.UUID
+    error: str
+    retry_in: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class Backlog:
+    unpublished: int
+    parked: int
+    oldest_age_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ParkedMessage:
+    id: uuid.UUID
+    message_key: str
+    event_type: str
+    attempts: int
+    parked_at: datetime
+    last_error: str | None
+    blocked_behind: int
+
+
+def relax_commit_durability(using: str) -> psycopg.Connection[Any]:
+    """Let this session commit without waiting for the WAL flush; the connection it applies to."""
+    conn = raw_connection(using)
+    with psycopg.Cursor(conn) as cur:
+        cur.execute(query("relax_commit_durability"))
+    return conn
+
+
+def claim_batch(using: str, *, batch_size: int, lease: timedelta, relay_id: str) -> list[ClaimedMessage]:
+    """Lease up to `batch_size` deliverable rows (per key only its oldest), committed at once."""
+    with _cursor(using) as cur:
+        cur.execute(
+            query("claim_batch"), {"batch_size": batch_size, "lease": lease, "relay_id": relay_id}
+        )
+        rows = cur.fetchall()
+    claimed = [
+        ClaimedMessage(
+            id=r[0], topic=r[1], key=r[2], payload=r[3], headers=json.loads(r[4]),
+            aggregate_type=r[5], aggregate_id=r[6], created_at=r[7], attempts=r[8],
+        )
+        for r in rows
+    ]
+    claimed.sort(key=lambda m: (m.created_at, m.id))
+    return claimed
+
+
+def mark_published(using: str, ids: Sequence[uuid.UUID]) -> int:
+    """Record delivered rows; the number marked (a row another relay already marked is skipped)."""
+    if not ids:
+        return 0
+    with _cursor(using) as cur:
+        cur.execute(query("mark_published"), {"ids": list(ids)})
+        return cur.rowcount
+
+
+def release_claims(using: str, ids: Sequence[uuid.UUID], relay_id: str) -> int:
+    """Hand this relay's claimed rows back, unpublished and with no attempt counted."""
+    if not ids:
+        return 0
+    with _cursor(using) as cur:
+        cur.execute(query("release_claims"), {"ids": list(ids), "relay_id": relay_id})
+        return cur.rowcount
+
+
+def record_failures(using: str, failures: Sequence[Failure], max_attempts: int) -> list[uuid.UUID]:
+    """Count a failed attempt per row and delay its retry; the ids that got parked."""
+    if not failures:
+        return []
+    with _cursor(using) as cur:
+        cur.execute(
+            query("record_failures"),
+            {
+                "ids": [f.id for f in failures],
+                "errors": [f.error[:2000] for f in failures],
+                "retry_in": [f.retry_in for f in failures],
+                "max_attempts": max_attempts,
+            },
+        )
+        return [r[0] for r in cur.fetchall() if r[1]]
+
+
+def prune_published(using: str, retention: timedelta, chunk: int) -> int:
+    """Delete up to `chunk` rows published longer than `retention` ago; the number deleted."""
+    with _cursor(using) as cur:
+        cur.execute(query("prune_published"), {"retention": retention, "chunk": chunk})
+        return cur.rowcount
+
+
+def list_parked(using: str, limit: int) -> list[ParkedMessage]:
+    with _cursor(using) as cur:
+        cur.execute(query("list_parked"), {"limit": limit})
+        return [ParkedMessage(*r) for r in cur.fetchall()]
+
+
+def requeue_parked(using: str, ids: Sequence[uuid.UUID] | None) -> list[uuid.UUID]:
+    """Make parked rows deliverable again with fresh attempts: `ids`, or all when None."""
+    with _cursor(using) as cur:
+        cur.execute(query("requeue_parked"), {"all": ids is None, "ids": list(ids or [])})
+        return [r[0] for r in cur.fetchall()]
+
+
+def backlog(using: str) -> Backlog:
+    with _cursor(using) as cur:
+        cur.execute(query("outbox_backlog"))
+        row = cur.fetchone()
+    if row is None:
+        return Backlog(0, 0, None)
+    return Backlog(int(row[0]), int(row[1]), None if row[2] is None else float(row[2]))

@@ -1,0 +1,66 @@
+"""Reading a topic back from its start: the demo prints what the relay published, and the
+tests check it. A fresh consumer group each time, so nothing is skipped or committed."""
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+from reminders import events
+
+
+@dataclass(frozen=True)
+class Record:
+    key: str
+    value: bytes
+    headers: dict[str, str]
+    timestamp_ms: int
+    partition: int
+    offset: int
+
+    @property
+    def message_id(self) -> str:
+        return self.headers["message_id"]
+
+    def json(self) -> Any:
+        return json.loads(self.value)
+
+
+def read_topic(bootstrap: str, topic: str = events.TOPIC, *, timeout: float = 30.0) -> list[Record]:
+    """Every record now in `topic` (all partitions, from the start, up to the end offsets seen
+    when called), in partition then offset order."""
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap,
+        "group.id": f"read-topic-{uuid.uuid4()}",
+        "enable.auto.commit": False,
+        "auto.offset.reset": "earliest",
+    })
+    try:
+        metadata = consumer.list_topics(topic, timeout=10)
+        partitions = sorted(metadata.topics[topic].partitions) if topic in metadata.topics else []
+        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in partitions}
+        wanted = {p for p, end in ends.items() if end > 0}
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in wanted])
+        records: list[Record] = []
+        deadline = time.monotonic() + timeout
+        while wanted:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read {topic} to its end in {timeout}s")
+            message = consumer.poll(0.2)
+            if message is None or message.error():
+                continue
+            records.append(Record(
+                key=(message.key() or b"").decode(), value=message.value() or b"",
+                headers={k: (v or b"").decode() for k, v in (message.headers() or [])},
+                timestamp_ms=message.timestamp()[1], partition=message.partition(),
+                offset=message.offset(),
+            ))
+            if message.offset() + 1 >= ends[message.partition()]:
+                wanted.discard(message.partition())
+        return sorted(records, key=lambda r: (r.partition, r.offset))
+    finally:
+        consumer.close()
