@@ -52,7 +52,7 @@ def test_sigkill_at_random_moments_leaves_no_half_written_owner(documents: Docum
         worker = Worker.start("--as-of", iso(as_of), REMINDER_BATCH_SIZE="5")
         if rng.random() < 0.25:
             # A bare random delay: lands in start-up, the census or the first batches.
-            worker.wait(rng.uniform(0.05, 1.5))
+            worker.wait(rng.uniform(0.05, 1.0))
         else:
             # After a random number of committed events, plus a random sliver: mid-batch.
             target = events_before + rng.randint(1, 20)
