@@ -162,16 +162,21 @@ def terminate_worker_sessions() -> int:
     return ended
 
 
-def terminate_worker_waiting_on_a_lock() -> bool:
-    """Terminate the worker's session if it waits on a lock; True when it did."""
+def terminate_worker_waiting_on_a_lock(ended: set[int]) -> bool:
+    """Terminate a worker session that waits on a lock, other than those in `ended` (a
+    terminated backend shows until it has exited); True when one was, its pid added."""
     with connection.cursor() as cursor:
         cursor.execute("reset role")
         cursor.execute(
-            "select count(*) filter (where pg_terminate_backend(pid)) from pg_stat_activity"
-            " where usename = %s and datname = %s and wait_event_type = 'Lock'",
-            (WORKER_ROLE, connection.settings_dict["NAME"]))
+            "select pid from pg_stat_activity where usename = %s and datname = %s"
+            " and wait_event_type = 'Lock' and pid <> all(%s)",
+            (WORKER_ROLE, connection.settings_dict["NAME"], list(ended)))
         row = cursor.fetchone()
-        return bool(row and row[0])
+        if row is None:
+            return False
+        cursor.execute("select pg_terminate_backend(%s)", (row[0],))
+        ended.add(row[0])
+        return True
 
 
 def iso(instant: datetime) -> str:

@@ -4,6 +4,7 @@ completes; in --loop mode the worker reconnects with backoff and carries on."""
 
 import signal
 from datetime import UTC, datetime
+from functools import partial
 
 import psycopg
 import pytest
@@ -54,8 +55,9 @@ def test_sessions_terminated_mid_cycle_fail_the_run_and_the_next_run_completes(
         worker = Worker.start("--as-of", iso(as_of), REMINDER_BATCH_SIZE="5")
         # Cut the batch's session; Django reconnects and the owner-by-owner retry waits on
         # the same marker: cut that one too, so the owner fails.
+        ended: set[int] = set()
         for attempt in ("batch", "owner retry"):
-            wait_until(terminate_worker_waiting_on_a_lock, timeout=60,
+            wait_until(partial(terminate_worker_waiting_on_a_lock, ended), timeout=60,
                        what=f"the worker's {attempt} to wait on the held marker")
         blocker.rollback()
         code, out = worker.finish()
@@ -64,7 +66,9 @@ def test_sessions_terminated_mid_cycle_fail_the_run_and_the_next_run_completes(
     [failed] = worker.logged("cycle failed")
     assert "connection" in failed["error"].lower() or "terminat" in failed["error"].lower()
     failed_owners = len(worker.logged("owner failed"))
-    assert failed_owners >= 1 and "owner(s) failed" in worker.plain_lines()[-1]
+    assert failed_owners >= 1 and "owner(s) failed" in worker.plain_lines()[-1], [
+        (e["event"], e.get("error", "")[:80]) for e in worker.events()
+        if e["event"] != "reminder queued"]
     assert scalar("select status from document_expiry_reminder_runs order by started_at limit 1") \
         == "failed"  # recorded on a fresh connection
     check_structure()
