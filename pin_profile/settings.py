@@ -5,9 +5,11 @@ Only what Django itself needs lives here. The worker's own settings
 value fails the command with a clear message instead of at import time.
 """
 
+import warnings
 from pathlib import Path
 
 import environ
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -60,21 +62,37 @@ WSGI_APPLICATION = "pin_profile.wsgi.application"
 # Every table lives in the PostgreSQL schema `profile`, reached through search_path.
 DB_SCHEMA = "profile"
 DATABASE_URL = env.str("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/pin_profile")
-_db = env.db_url_config(DATABASE_URL)
-if _db.get("ENGINE") != "django.db.backends.postgresql":
-    from django.core.exceptions import ImproperlyConfigured
 
+
+def _env_int(name: str, default: int) -> int:
+    """A whole-number setting >= 0; a bad value is a configuration error naming it."""
+    raw = env.str(name, default=str(default)).strip()
+    if not raw.isascii() or not raw.isdigit():
+        raise ImproperlyConfigured(f"{name}: expected a whole number >= 0, got {raw!r}")
+    return int(raw)
+
+
+# A malformed URL is a configuration error naming DATABASE_URL (exit 2 in manage.py).
+try:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # django-environ warns before we explain
+        _db = env.db_url_config(DATABASE_URL)
+except ValueError as exc:
+    raise ImproperlyConfigured(f"DATABASE_URL: {exc}") from None
+if _db.get("ENGINE") != "django.db.backends.postgresql":
     raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL")
+if not _db.get("NAME"):
+    raise ImproperlyConfigured("DATABASE_URL names no database (postgres://user@host:port/NAME)")
 # Timeouts so that no failure hangs forever (values in milliseconds, PostgreSQL's unit).
 _timeouts = {
-    "statement_timeout": env.int("DB_STATEMENT_TIMEOUT_MS", default=300_000),
-    "lock_timeout": env.int("DB_LOCK_TIMEOUT_MS", default=60_000),
-    "idle_in_transaction_session_timeout": env.int("DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", default=120_000),
+    "statement_timeout": _env_int("DB_STATEMENT_TIMEOUT_MS", 300_000),
+    "lock_timeout": _env_int("DB_LOCK_TIMEOUT_MS", 60_000),
+    "idle_in_transaction_session_timeout": _env_int("DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", 120_000),
 }
 _db["OPTIONS"] = {
     "options": f"-c search_path={DB_SCHEMA},public "
     + " ".join(f"-c {name}={value}" for name, value in _timeouts.items()),
-    "connect_timeout": env.int("DB_CONNECT_TIMEOUT_S", default=10),
+    "connect_timeout": _env_int("DB_CONNECT_TIMEOUT_S", 10),
     "application_name": env.str("DB_APPLICATION_NAME", default="pin-profile-reminders"),
 }
 _db["CONN_HEALTH_CHECKS"] = True
@@ -103,6 +121,12 @@ SILENCED_SYSTEM_CHECKS = ["models.E034"]
 
 LOG_FORMAT = env.str("LOG_FORMAT", default="auto")  # auto | json | text
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
+if LOG_FORMAT not in {"auto", "json", "text"}:
+    raise ImproperlyConfigured(f"LOG_FORMAT: expected auto, json or text, got {LOG_FORMAT!r}")
+if LOG_LEVEL.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+    raise ImproperlyConfigured(
+        f"LOG_LEVEL: expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got {LOG_LEVEL!r}")
+LOG_LEVEL = LOG_LEVEL.upper()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

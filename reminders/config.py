@@ -11,14 +11,14 @@ from datetime import time, timedelta
 
 DEFAULT_THRESHOLDS = (30, 7, 1, 0)
 
-_DURATION_PART = re.compile(r"(\d+)(ms|s|m|h|d)")
-_UNITS = {
-    "ms": timedelta(milliseconds=1),
-    "s": timedelta(seconds=1),
-    "m": timedelta(minutes=1),
-    "h": timedelta(hours=1),
-    "d": timedelta(days=1),
-}
+# ASCII digits only: `\d` would also take Arabic-Indic or fullwidth digits for numbers.
+_WHOLE = re.compile(r"-?[0-9]+")
+_DURATION_PART = re.compile(r"([0-9]+)(ms|s|m|h|d)")
+_UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+# Upper bounds: past them a value is a typo, and dates or timedeltas would overflow.
+MAX_DAYS = 3_650
+MAX_BATCH_SIZE = 100_000
+MAX_DURATION = timedelta(days=366)
 
 
 class ConfigError(ValueError):
@@ -53,11 +53,13 @@ def parse_thresholds(name: str, raw: str) -> tuple[int, ...]:
         raise ConfigError(name, f"expected comma-separated whole numbers like 30,7,1,0, got {raw!r}")
     values: list[int] = []
     for part in parts:
-        if not re.fullmatch(r"-?\d+", part):
+        if not _WHOLE.fullmatch(part):
             raise ConfigError(name, f"{part!r} is not a whole number")
         values.append(int(part))
     if any(v < 0 for v in values):
         raise ConfigError(name, f"thresholds must be >= 0, got {raw!r}")
+    if any(v > MAX_DAYS for v in values):
+        raise ConfigError(name, f"thresholds must be <= {MAX_DAYS} days, got {raw!r}")
     if len(set(values)) != len(values):
         raise ConfigError(name, f"thresholds must be distinct, got {raw!r}")
     if values != sorted(values, reverse=True):
@@ -65,39 +67,42 @@ def parse_thresholds(name: str, raw: str) -> tuple[int, ...]:
     return tuple(values)
 
 
-def parse_positive_int(name: str, raw: str, *, allow_zero: bool = False) -> int:
-    """A whole number > 0 (or >= 0 with `allow_zero`)."""
+def parse_positive_int(name: str, raw: str, *, allow_zero: bool = False,
+                       maximum: int = MAX_BATCH_SIZE) -> int:
+    """A whole number > 0 (or >= 0 with `allow_zero`), at most `maximum`."""
     text = raw.strip()
-    if not re.fullmatch(r"-?\d+", text):
+    if not _WHOLE.fullmatch(text):
         raise ConfigError(name, f"expected a whole number, got {raw!r}")
     value = int(text)
     if value < 0 or (value == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise ConfigError(name, f"must be {bound}, got {value}")
+    if value > maximum:
+        raise ConfigError(name, f"must be <= {maximum}, got {value}")
     return value
 
 
 def parse_duration(name: str, raw: str) -> timedelta:
     """`24h`, `10m`, `90s`, `1h30m`, `500ms`, or bare seconds; must be > 0."""
     text = raw.strip().lower()
-    if re.fullmatch(r"\d+", text):
-        total = timedelta(seconds=int(text))
+    if re.fullmatch(r"[0-9]+", text):
+        total_ms = int(text) * 1_000
     elif text and _DURATION_PART.sub("", text) == "":
-        total = sum(
-            (int(n) * _UNITS[unit] for n, unit in _DURATION_PART.findall(text)), timedelta()
-        )
+        total_ms = sum(int(n) * _UNIT_MS[unit] for n, unit in _DURATION_PART.findall(text))
     else:
         raise ConfigError(
             name, f"expected a duration like 24h, 10m, 90s or 1h30m, got {raw!r}"
         )
-    if total <= timedelta(0):
+    if total_ms <= 0:
         raise ConfigError(name, f"must be longer than zero, got {raw!r}")
-    return total
+    if total_ms > MAX_DURATION // timedelta(milliseconds=1):
+        raise ConfigError(name, f"must be at most {MAX_DURATION.days} days, got {raw!r}")
+    return timedelta(milliseconds=total_ms)
 
 
 def parse_time_of_day(name: str, raw: str) -> time:
     """`03:00` (or `03:00:00`), a UTC time of day."""
-    match = re.fullmatch(r"(\d{1,2}):(\d{2})(?::(\d{2}))?", raw.strip())
+    match = re.fullmatch(r"([0-9]{1,2}):([0-9]{2})(?::([0-9]{2}))?", raw.strip())
     if not match:
         raise ConfigError(name, f"expected a UTC time of day like 03:00, got {raw!r}")
     hour, minute, second = int(match[1]), int(match[2]), int(match[3] or 0)
@@ -106,8 +111,12 @@ def parse_time_of_day(name: str, raw: str) -> time:
     return time(hour, minute, second)
 
 
-def _non_negative_int(name: str, raw: str) -> int:
-    return parse_positive_int(name, raw, allow_zero=True)
+def _retention_days(name: str, raw: str) -> int:
+    return parse_positive_int(name, raw, allow_zero=True, maximum=MAX_DAYS)
+
+
+def _history_days(name: str, raw: str) -> int:
+    return parse_positive_int(name, raw, maximum=MAX_DAYS)
 
 
 # variable -> (settings field, parser): every REMINDER_* the worker reads.
@@ -117,8 +126,8 @@ _VARIABLES: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "REMINDER_POLLING_INTERVAL": ("polling_interval", parse_duration),
     "REMINDER_RUN_AT_UTC": ("run_at_utc", parse_time_of_day),
     "REMINDER_MAX_RUN_DURATION": ("max_run_duration", parse_duration),
-    "REMINDER_RETENTION_DAYS": ("retention_days", _non_negative_int),
-    "REMINDER_RUN_HISTORY_DAYS": ("run_history_days", parse_positive_int),
+    "REMINDER_RETENTION_DAYS": ("retention_days", _retention_days),
+    "REMINDER_RUN_HISTORY_DAYS": ("run_history_days", _history_days),
 }
 
 

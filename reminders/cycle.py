@@ -22,7 +22,7 @@ import psycopg
 from django.db import Error as DjangoDatabaseError
 from django.db import connections, transaction
 
-from reminders import rules, store
+from reminders import events, rules, store
 from reminders.config import ReminderSettings
 from reminders.logs import log_event
 from reminders.models import ReminderRun
@@ -120,6 +120,21 @@ def owner_batches(
         yield batch
 
 
+def most_urgent_per_owner(
+    due: list[tuple[store.DocumentRow, rules.Decision]], cap: int
+) -> list[tuple[store.DocumentRow, rules.Decision]]:
+    """At most `cap` due documents per owner, most urgent first (days left, then id): the
+    event stays within a sane size; the rest stay unmarked, due again next cycle."""
+    by_owner: dict[uuid.UUID, list[tuple[store.DocumentRow, rules.Decision]]] = {}
+    for pair in due:
+        by_owner.setdefault(pair[0].owner_user_id, []).append(pair)
+    kept: list[tuple[store.DocumentRow, rules.Decision]] = []
+    for pairs in by_owner.values():
+        kept += pairs if len(pairs) <= cap else sorted(
+            pairs, key=lambda p: (p[1].days_left, p[0].id))[:cap]
+    return kept
+
+
 class Cycle:
     """Runs one cycle; build it with the settings and call `run()`."""
 
@@ -134,8 +149,10 @@ class Cycle:
         dry_run: bool = False,
         progress: Progress | None = None,
         extra_headers: dict[str, str] | None = None,
+        max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT,
     ) -> None:
         self.settings = settings
+        self.max_documents_per_event = max_documents_per_event
         self.as_of = (as_of or datetime.now(UTC)).astimezone(UTC)
         self.as_of_date = rules.utc_date(self.as_of)
         self.window = rules.scan_window(
@@ -255,12 +272,9 @@ class Cycle:
         plan = store.ClaimPlan()
         candidates: dict[uuid.UUID, _Queued] = {}
         outcome = _BatchOutcome()
-        for doc in documents:
-            decision = rules.decide(
-                doc.expires_on, self.as_of_date, self.settings.thresholds, doc.marked
-            )
-            if decision is None:
-                continue
+        due = [(doc, decision) for doc in documents if (decision := rules.decide(
+            doc.expires_on, self.as_of_date, self.settings.thresholds, doc.marked)) is not None]
+        for doc, decision in most_urgent_per_owner(due, self.max_documents_per_event):
             outcome.due_documents += 1
             for threshold in decision.markers:
                 plan.add_marker(doc, threshold, notified=threshold == decision.notify)

@@ -10,6 +10,19 @@ AGGREGATE_TYPE = "Profile"
 EVENT_TYPE = "DocumentExpiryReminderKafkaEvent"
 CONTRACT_VERSION = 1
 TOPIC = "pin.profile.document-expiry-reminders.v1"
+# An item is about 200 bytes of JSON: 500 keep an event near 100 KB, far below Kafka's
+# default 1 MB message limit. An owner with more due documents gets the most urgent 500;
+# the others stay unmarked and go out in the next cycle's event.
+MAX_DOCUMENTS_PER_EVENT = 500
+
+
+# The contract requires a non-empty type; a blank one in the source data goes out as this.
+UNKNOWN_DOCUMENT_TYPE = "Unknown"
+
+
+def event_type_of(document_type: str) -> str:
+    """The `type` of an event item: the stored type, or `Unknown` when it is blank."""
+    return document_type if document_type.strip() else UNKNOWN_DOCUMENT_TYPE
 
 
 def format_instant(instant: datetime) -> str:

@@ -89,7 +89,7 @@ class ClaimPlan:
 
     def add_item(self, doc: DocumentRow, days_left: int) -> None:
         self.i_document_ids.append(doc.id)
-        self.i_types.append(doc.type)
+        self.i_types.append(events.event_type_of(doc.type))
         self.i_number_masks.append(doc.number_mask)
         self.i_expires_on.append(doc.expires_on)
         self.i_days_left.append(days_left)

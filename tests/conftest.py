@@ -107,3 +107,16 @@ __all__ = ["CycleRunner", "command_env", "insert_documents", "manage_py", "new_u
 
 # The relay's fixtures (a mock Kafka cluster per test).
 pytest_plugins = ["tests.relay_support"]
+
+
+# --- chaos scenarios (issue 7): what each one tried, in the session summary ---------------
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    from tests import chaos_report
+
+    if chaos_report.lines():
+        chaos_report.write()
+        terminalreporter.section("chaos scenarios: what was tried")
+        for line in chaos_report.lines():
+            terminalreporter.write_line(line)

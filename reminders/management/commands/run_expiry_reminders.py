@@ -86,9 +86,11 @@ class Command(BaseCommand):
                 tracing.shutdown()  # flush the spans still queued
         self._summarise(result)
         if not result.ok:
+            # One line: a driver's error (a refused connection, say) spans several.
+            error = " ".join(result.error.split()) if result.error else None
             raise CommandError(
                 f"cycle {result.status}: {result.failed_owners} owner(s) failed"
-                + (f" ({result.error})" if result.error else "")
+                + (f" ({error})" if error else "")
                 + "; they are retried next cycle",
                 returncode=EXIT_OWNERS_FAILED,
             )
