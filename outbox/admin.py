@@ -18,6 +18,7 @@ from django.utils.safestring import SafeString
 
 from outbox import store as outbox_store
 from outbox.models import OutboxMessage
+from reminders.admin import ReadOnlyAdmin
 from reminders.admin_paging import EstimatedCountPaginator, exact_uuid_filter
 
 REQUEUE_PERMISSION = "outbox.requeue_outboxmessage"
@@ -55,7 +56,7 @@ def _pretty_json(value: Any) -> SafeString:
 
 
 @admin.register(OutboxMessage)
-class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class OutboxMessageAdmin(ReadOnlyAdmin):
     list_display = ("event_type", "message_key", "created_at", "published_at", "attempts",
                     "error_preview", "parked")
     list_filter = (DeliveryStateFilter,)
@@ -70,15 +71,6 @@ class OutboxMessageAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
               "aggregate_id", "created_at", "published_at", "parked_at", "attempts", "last_error",
               "payload_json", "headers_json")
     readonly_fields = ("payload_json", "headers_json")
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(REQUEUE_PERMISSION)

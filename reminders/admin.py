@@ -5,6 +5,7 @@ ledger of millions of rows: no full count, exact-UUID search through the indexes
 whose choices cost a few index probes, and a date hierarchy that skips through an index.
 """
 
+from collections.abc import Sequence
 from datetime import date, datetime, timedelta, tzinfo
 from typing import Any, Literal
 
@@ -123,7 +124,7 @@ class ExpiryRangeFilter(admin.DateFieldListFilter):
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
     """No add, change or delete for anyone, superusers included; no bulk actions."""
 
-    actions = None
+    actions: Sequence[str] | None = None
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
 
