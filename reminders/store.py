@@ -8,7 +8,7 @@ import json
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -63,46 +63,25 @@ class DocumentRow:
     marked: tuple[int, ...]
 
 
-@dataclass(slots=True)
-class ClaimPlan:
-    """Markers to insert, and the event items of the thresholds to notify, as parallel arrays."""
+@dataclass(frozen=True, slots=True)
+class NotifiedItem:
+    """A document that went into its owner's event: what the log line says (never the mask)."""
 
-    m_document_ids: list[uuid.UUID] = field(default_factory=list)
-    m_owner_ids: list[uuid.UUID] = field(default_factory=list)
-    m_types: list[str] = field(default_factory=list)
-    m_expires_on: list[date] = field(default_factory=list)
-    m_thresholds: list[int] = field(default_factory=list)
-    m_notified: list[bool] = field(default_factory=list)
-    i_document_ids: list[uuid.UUID] = field(default_factory=list)
-    i_types: list[str] = field(default_factory=list)
-    i_number_masks: list[str | None] = field(default_factory=list)
-    i_expires_on: list[date] = field(default_factory=list)
-    i_days_left: list[int] = field(default_factory=list)
-
-    def add_marker(self, doc: DocumentRow, threshold: int, *, notified: bool) -> None:
-        self.m_document_ids.append(doc.id)
-        self.m_owner_ids.append(doc.owner_user_id)
-        self.m_types.append(doc.type)
-        self.m_expires_on.append(doc.expires_on)
-        self.m_thresholds.append(threshold)
-        self.m_notified.append(notified)
-
-    def add_item(self, doc: DocumentRow, days_left: int) -> None:
-        self.i_document_ids.append(doc.id)
-        self.i_types.append(doc.type)
-        self.i_number_masks.append(doc.number_mask)
-        self.i_expires_on.append(doc.expires_on)
-        self.i_days_left.append(days_left)
-
-    def __bool__(self) -> bool:
-        return bool(self.m_document_ids)
+    owner_user_id: uuid.UUID
+    document_id: uuid.UUID
+    type: str
+    threshold_days: int
+    days_left: int
 
 
 @dataclass(frozen=True, slots=True)
-class ClaimResult:
+class BatchClaim:
+    """What one batch's claim statement did."""
+
     markers_won: int
+    due_documents: int
     events_written: int
-    notified_document_ids: frozenset[uuid.UUID]
+    notified: list[NotifiedItem]
 
 
 def _window_params(window: Window, thresholds: Sequence[int], as_of_date: date) -> dict[str, Any]:
@@ -164,27 +143,22 @@ def batch_documents(
         ]
 
 
-def claim_and_write(
+def claim_batch(
     using: str,
-    plan: ClaimPlan,
+    owner_ids: Sequence[uuid.UUID],
+    window: Window,
+    thresholds: Sequence[int],
+    as_of_date: date,
     *,
     run_id: uuid.UUID,
     as_of: datetime,
     extra_headers: dict[str, str] | None = None,
-) -> ClaimResult:
-    """Insert the plan's markers (insert-wins) and one outbox row per owner whose t* was won."""
+) -> BatchClaim:
+    """For a batch of owners, in one statement: decide, insert the markers (insert-wins) and
+    one outbox row per owner whose t* was won. No document row travels to the worker and back."""
     params: dict[str, Any] = {
-        "m_document_ids": plan.m_document_ids,
-        "m_owner_ids": plan.m_owner_ids,
-        "m_types": plan.m_types,
-        "m_expires_on": plan.m_expires_on,
-        "m_thresholds": plan.m_thresholds,
-        "m_notified": plan.m_notified,
-        "i_document_ids": plan.i_document_ids,
-        "i_types": plan.i_types,
-        "i_number_masks": plan.i_number_masks,
-        "i_expires_on": plan.i_expires_on,
-        "i_days_left": plan.i_days_left,
+        "owner_ids": list(owner_ids),
+        **_window_params(window, thresholds, as_of_date),
         "run_id": run_id,
         "reminded_at": events.format_instant(as_of),
         "aggregate_type": events.AGGREGATE_TYPE,
@@ -194,10 +168,16 @@ def claim_and_write(
         "extra_headers": json.dumps(extra_headers) if extra_headers else None,
     }
     with _cursor(using) as cur:
-        cur.execute(query("claim_and_write"), params)
-        row = _one(cur)
-    return ClaimResult(
-        markers_won=int(row[0]), events_written=int(row[1]), notified_document_ids=frozenset(row[2])
+        cur.execute(query("claim_batch"), params, binary=True)
+        rows = cur.fetchall()
+    if not rows:
+        raise psycopg.ProgrammingError("the statement returned no row")
+    markers_won, due_documents, events_written = rows[0][:3]
+    return BatchClaim(
+        markers_won=int(markers_won),
+        due_documents=int(due_documents),
+        events_written=int(events_written),
+        notified=[NotifiedItem(*r[3:]) for r in rows if r[3] is not None],
     )
 
 

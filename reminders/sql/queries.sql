@@ -38,7 +38,7 @@ where d.status = 'Active'
 group by d.owner_user_id
 order by first_due_expiry, d.owner_user_id;
 
--- batch_documents: the window documents of a batch of owners, with the thresholds already marked
+-- batch_documents: the window documents of a batch of owners, with the thresholds already marked (for --dry-run)
 select d.id,
        d.owner_user_id,
        d.type,
@@ -57,31 +57,58 @@ where d.owner_user_id = any(%(owner_ids)s::uuid[])
   and d.expires_at < %(window_end)s
 order by d.owner_user_id, d.id;
 
--- claim_and_write: insert markers (insert-wins, in document/threshold order), then one outbox row per owner whose t* this statement won
-with planned as (
-    select *
-    from unnest(%(m_document_ids)s::uuid[], %(m_owner_ids)s::uuid[], %(m_types)s::text[],
-                %(m_expires_on)s::date[], %(m_thresholds)s::int[], %(m_notified)s::bool[])
-         as p(document_id, owner_user_id, type, expires_on, threshold_days, notified)
+-- claim_batch: for a batch of owners, in one statement: their window documents and markers, the rules (as reminders.rules.decide), the markers (insert-wins, in document/threshold order), one outbox row per owner whose t* this statement won, and the notified items for the log
+with docs as materialized (
+    select d.id, d.owner_user_id, d.type, d.number_mask,
+           (d.expires_at at time zone 'UTC')::date as expires_on
+    from person_documents d
+    where d.owner_user_id = any(%(owner_ids)s::uuid[])
+      and d.status = 'Active'
+      and d.deleted_at is null
+      and d.expires_at is not null
+      and d.expires_at >= %(window_start)s
+      and d.expires_at < %(window_end)s
+),
+marks as materialized (
+    -- read whole before the insert below writes: the rules see the markers as they were
+    select r.document_id, array_agg(r.threshold_days) as marked
+    from document_expiry_reminders r
+    where r.document_id in (select id from docs)
+    group by r.document_id
+),
+remaining as (
+    -- crossed thresholds (days_left <= t) that have no marker
+    select docs.id, docs.owner_user_id, docs.type, docs.expires_on, t.threshold_days,
+           coalesce(m.marked, '{}'::int[]) as marked
+    from docs
+    cross join unnest(%(thresholds)s::int[]) as t(threshold_days)
+    left join marks m on m.document_id = docs.id
+    where docs.expires_on - %(as_of_date)s::date <= t.threshold_days
+      and t.threshold_days <> all(coalesce(m.marked, '{}'::int[]))
+),
+planned as (
+    -- mark every remaining threshold; notify t* = min(remaining) unless a smaller one is marked (stale)
+    select r.id, r.owner_user_id, r.type, r.expires_on, r.threshold_days,
+           r.threshold_days = min(r.threshold_days) over (partition by r.id)
+           and not (r.threshold_days > any(r.marked)) as notified
+    from remaining r
 ),
 claimed as (
     insert into document_expiry_reminders
         (id, document_id, owner_user_id, type, threshold_days, expires_at, reminded_at, notified, run_id)
-    select gen_random_uuid(), p.document_id, p.owner_user_id, p.type, p.threshold_days,
+    select gen_random_uuid(), p.id, p.owner_user_id, p.type, p.threshold_days,
            p.expires_on, now(), p.notified, %(run_id)s::uuid
     from planned p
-    order by p.document_id, p.threshold_days
+    order by p.id, p.threshold_days
     on conflict (document_id, threshold_days) do nothing
-    returning document_id, owner_user_id, threshold_days, notified
+    returning document_id, owner_user_id, type, threshold_days, expires_at, notified
 ),
 items as (
-    select c.owner_user_id, c.document_id, c.threshold_days, i.type, i.number_mask,
-           i.expires_on, i.days_left
+    -- the number mask goes into the event only, never back to the worker
+    select c.owner_user_id, c.document_id, c.threshold_days, c.type, d.number_mask,
+           c.expires_at as expires_on, c.expires_at - %(as_of_date)s::date as days_left
     from claimed c
-    join unnest(%(i_document_ids)s::uuid[], %(i_types)s::text[], %(i_number_masks)s::text[],
-                %(i_expires_on)s::date[], %(i_days_left)s::int[])
-         as i(document_id, type, number_mask, expires_on, days_left)
-      on i.document_id = c.document_id
+    join docs d on d.id = c.document_id
     where c.notified
 ),
 events as (
@@ -116,11 +143,19 @@ written as (
            now(), 0
     from events e
     order by e.most_urgent, e.owner_user_id
+),
+totals as (
+    -- `written` runs to completion although nothing reads it (the worker may not read the outbox).
+    select (select count(*) from claimed) as markers_won,
+           (select count(distinct id) from planned) as due_documents,
+           (select count(*) from events) as events_written
 )
--- `written` runs to completion although nothing reads it (the worker may not read the outbox).
-select (select count(*) from claimed) as markers_won,
-       (select count(*) from events) as events_written,
-       coalesce((select array_agg(document_id) from items), '{}'::uuid[]) as notified_document_ids;
+-- one row per notified item (owner, document, type, threshold, days left), or one row of nulls
+select t.markers_won, t.due_documents, t.events_written,
+       i.owner_user_id, i.document_id, i.type, i.threshold_days, i.days_left
+from totals t
+left join items i on true
+order by i.owner_user_id, i.days_left, i.document_id;
 
 -- prune_expired_markers: delete one bounded chunk of markers whose expiry date left the retention window
 delete from document_expiry_reminders
