@@ -168,11 +168,13 @@ class Cycle:
                     self.using, result.run_id, self.as_of, self.settings.thresholds,
                     socket.gethostname(),
                 )
-            result.window_documents, result.due_documents = store.window_census(
+            with store.due_owners(
                 self.using, self.window, self.settings.thresholds, self.as_of_date
-            )
-            result.skipped_already_marked = result.window_documents - result.due_documents
-            result.status = self._remind_due_owners()
+            ) as due:
+                result.window_documents, result.due_documents = (
+                    due.window_documents, due.due_documents)
+                result.skipped_already_marked = result.window_documents - result.due_documents
+                result.status = self._remind_due_owners(due)
             if result.status == ReminderRun.Status.SUCCEEDED:
                 result.pruned = self._prune()
                 if result.failed_owners:
@@ -198,25 +200,22 @@ class Cycle:
     def _out_of_time(self) -> bool:
         return self.clock() >= self._deadline
 
-    def _remind_due_owners(self) -> str:
-        with store.due_owners(
-            self.using, self.window, self.settings.thresholds, self.as_of_date
-        ) as cursor:
-            for owner_ids in owner_batches(cursor.fetchmany, self.settings.batch_size):
-                if self.stop.is_set():
-                    log_event(logger, logging.WARNING, "cycle stopping on signal",
-                              run_id=self.result.run_id)
-                    return ReminderRun.Status.STOPPED
-                if self._out_of_time():
-                    log_event(logger, logging.WARNING, "cycle out of time",
-                              run_id=self.result.run_id,
-                              max_run_duration_s=self.settings.max_run_duration.total_seconds())
-                    return ReminderRun.Status.TIMED_OUT
-                log_event(logger, logging.DEBUG, "batch selected", run_id=self.result.run_id,
-                          owners=len(owner_ids))
-                self._remind_batch(owner_ids)
-                if self.progress:
-                    self.progress(self.result.documents_processed, self.result.due_documents)
+    def _remind_due_owners(self, due: store.DueOwners) -> str:
+        for owner_ids in owner_batches(due.fetch, self.settings.batch_size):
+            if self.stop.is_set():
+                log_event(logger, logging.WARNING, "cycle stopping on signal",
+                          run_id=self.result.run_id)
+                return ReminderRun.Status.STOPPED
+            if self._out_of_time():
+                log_event(logger, logging.WARNING, "cycle out of time",
+                          run_id=self.result.run_id,
+                          max_run_duration_s=self.settings.max_run_duration.total_seconds())
+                return ReminderRun.Status.TIMED_OUT
+            log_event(logger, logging.DEBUG, "batch selected", run_id=self.result.run_id,
+                      owners=len(owner_ids))
+            self._remind_batch(owner_ids)
+            if self.progress:
+                self.progress(self.result.documents_processed, self.result.due_documents)
         return ReminderRun.Status.SUCCEEDED
 
     def _remind_batch(self, owner_ids: list[uuid.UUID]) -> None:

@@ -93,31 +93,51 @@ def _window_params(window: Window, thresholds: Sequence[int], as_of_date: date) 
     }
 
 
-def window_census(
-    using: str, window: Window, thresholds: Sequence[int], as_of_date: date
-) -> tuple[int, int]:
-    """(documents in the window, of which due): the backlog before the cycle."""
-    with _cursor(using) as cur:
-        cur.execute(query("window_census"), _window_params(window, thresholds, as_of_date))
-        row = _one(cur)
-    return int(row[0]), int(row[1])
+class DueOwners:
+    """The due owners of a cycle, most urgent first, and the window's census, from one held
+    server-side cursor.
+
+    The cursor is materialised once, on the server, when opened, and then read in batches
+    across the cycle's transactions: nothing is read twice, the loop ends, and the client's
+    memory does not grow with the backlog. Its rows list every owner of the window, due ones
+    first; reading stops at the first owner with nothing due.
+    """
+
+    def __init__(self, cursor: psycopg.ServerCursor[Any]) -> None:
+        self._cursor = cursor
+        self._pending: list[tuple[Any, ...]] = [tuple(r) for r in cursor.fetchmany(1)]
+        first = self._pending[0] if self._pending else None
+        self.window_documents = int(first[3]) if first else 0
+        self.due_documents = int(first[4]) if first else 0
+        self._done = not self.due_documents
+
+    def fetch(self, size: int) -> list[tuple[uuid.UUID, datetime, int]]:
+        """Up to `size` more `(owner, first due expiry, due documents)`; empty at the end."""
+        if self._done:
+            return []
+        chunk = self._pending or [tuple(r) for r in self._cursor.fetchmany(size)]
+        self._pending = []
+        rows: list[tuple[uuid.UUID, datetime, int]] = []
+        for row in chunk:
+            if int(row[2]) == 0:
+                break
+            rows.append((row[0], row[1], int(row[2])))
+        self._done = len(rows) < len(chunk) or not chunk
+        return rows
 
 
 @contextmanager
 def due_owners(
     using: str, window: Window, thresholds: Sequence[int], as_of_date: date
-) -> Iterator[psycopg.ServerCursor[Any]]:
-    """A held server-side cursor over the due owners, most urgent first.
-
-    It is materialised once, on the server, when opened, and then read in batches across the
-    cycle's transactions: nothing is read twice, the loop ends, and the client's memory does
-    not grow with the backlog.
-    """
+) -> Iterator[DueOwners]:
+    """The due owners and the census of the window (see DueOwners)."""
     conn = raw_connection(using)
+    # JIT would compile this one scan for about as long as it runs; nothing here gains from it.
+    conn.execute("set jit = off")
     cursor = conn.cursor(name=f"due_owners_{uuid.uuid4().hex}", withhold=True)
     try:
         cursor.execute(query("due_owners"), _window_params(window, thresholds, as_of_date))
-        yield cursor
+        yield DueOwners(cursor)
     finally:
         if not conn.closed:
             # If the connection broke, the server dropped the cursor with the session.

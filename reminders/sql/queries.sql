@@ -3,40 +3,43 @@
 -- Ranges on person_documents.expires_at compare with UTC-midnight instants (never a cast of
 -- the column), so the partial index ix_person_documents_expires_at serves them.
 
--- window_census: how many documents are in the window, and how many of them are due
-select count(*) as window_documents,
-       count(*) filter (where exists (
-           select 1
-           from unnest(%(thresholds)s::int[]) as t(threshold_days)
-           where (d.expires_at at time zone 'UTC')::date - %(as_of_date)s::date <= t.threshold_days
-             and not exists (
-                 select 1 from document_expiry_reminders r
-                 where r.document_id = d.id and r.threshold_days = t.threshold_days)
-       )) as due_documents
-from person_documents d
-where d.status = 'Active'
-  and d.deleted_at is null
-  and d.expires_at is not null
-  and d.expires_at >= %(window_start)s
-  and d.expires_at < %(window_end)s;
-
--- due_owners: owners with a due document (a crossed threshold without a marker), most urgent first
-select d.owner_user_id, min(d.expires_at) as first_due_expiry, count(*) as due_documents
-from person_documents d
-where d.status = 'Active'
-  and d.deleted_at is null
-  and d.expires_at is not null
-  and d.expires_at >= %(window_start)s
-  and d.expires_at < %(window_end)s
-  and exists (
-      select 1
-      from unnest(%(thresholds)s::int[]) as t(threshold_days)
-      where (d.expires_at at time zone 'UTC')::date - %(as_of_date)s::date <= t.threshold_days
-        and not exists (
-            select 1 from document_expiry_reminders r
-            where r.document_id = d.id and r.threshold_days = t.threshold_days))
-group by d.owner_user_id
-order by first_due_expiry, d.owner_user_id;
+-- due_owners: in one pass over the window, every owner with a window document, due owners first (most urgent first), each row carrying the window's census
+with window_documents as materialized (
+    -- due: more crossed thresholds (days_left <= t) than markers among them. The markers come
+    -- by a join (parallel, one pass over the ledger), not a probe per document and threshold;
+    -- width_bucket(x, ascending) counts the thresholds <= x, so n - width_bucket(left - 1)
+    -- counts those >= left.
+    select d.owner_user_id,
+           d.expires_at,
+           cardinality(%(thresholds)s::int[])
+           - width_bucket((d.expires_at at time zone 'UTC')::date - %(as_of_date)s::date - 1,
+                          array(select t from unnest(%(thresholds)s::int[]) as t order by t))
+           > count(r.document_id) as due
+    from person_documents d
+    left join document_expiry_reminders r
+      on r.document_id = d.id
+     and r.threshold_days = any(%(thresholds)s::int[])
+     and r.threshold_days >= (d.expires_at at time zone 'UTC')::date - %(as_of_date)s::date
+    where d.status = 'Active'
+      and d.deleted_at is null
+      and d.expires_at is not null
+      and d.expires_at >= %(window_start)s
+      and d.expires_at < %(window_end)s
+    group by d.id
+),
+owners as (
+    select owner_user_id,
+           min(expires_at) filter (where due) as first_due_expiry,
+           count(*) filter (where due) as due_documents,
+           count(*) as window_documents
+    from window_documents
+    group by owner_user_id
+)
+select owner_user_id, first_due_expiry, due_documents,
+       sum(window_documents) over () as window_documents,
+       sum(due_documents) over () as window_due_documents
+from owners
+order by due_documents = 0, first_due_expiry, owner_user_id;
 
 -- batch_documents: the window documents of a batch of owners, with the thresholds already marked (for --dry-run)
 select d.id,
