@@ -62,8 +62,13 @@ order by d.owner_user_id, d.id;
 
 -- claim_batch: for a batch of owners, in one statement: their window documents and markers, the rules (as reminders.rules.decide), the markers (insert-wins, in document/threshold order), one outbox row per owner whose t* this statement won, and the notified items for the log
 with docs as materialized (
+    -- marked: one index probe a document. (A join to the ledger gets planned as a scan of
+    -- the whole ledger once it is large, for every batch.) All probes run before the insert
+    -- below, whose sort reads every planned row first.
     select d.id, d.owner_user_id, d.type, d.number_mask,
-           (d.expires_at at time zone 'UTC')::date as expires_on
+           (d.expires_at at time zone 'UTC')::date as expires_on,
+           coalesce((select array_agg(r.threshold_days) from document_expiry_reminders r
+                     where r.document_id = d.id), '{}'::int[]) as marked
     from person_documents d
     where d.owner_user_id = any(%(owner_ids)s::uuid[])
       and d.status = 'Active'
@@ -72,22 +77,14 @@ with docs as materialized (
       and d.expires_at >= %(window_start)s
       and d.expires_at < %(window_end)s
 ),
-marks as materialized (
-    -- read whole before the insert below writes: the rules see the markers as they were
-    select r.document_id, array_agg(r.threshold_days) as marked
-    from document_expiry_reminders r
-    where r.document_id in (select id from docs)
-    group by r.document_id
-),
 remaining as (
     -- crossed thresholds (days_left <= t) that have no marker
     select docs.id, docs.owner_user_id, docs.type, docs.expires_on, t.threshold_days,
-           coalesce(m.marked, '{}'::int[]) as marked
+           docs.marked
     from docs
     cross join unnest(%(thresholds)s::int[]) as t(threshold_days)
-    left join marks m on m.document_id = docs.id
     where docs.expires_on - %(as_of_date)s::date <= t.threshold_days
-      and t.threshold_days <> all(coalesce(m.marked, '{}'::int[]))
+      and t.threshold_days <> all(docs.marked)
 ),
 planned as (
     -- mark every remaining threshold; notify t* = min(remaining) unless a smaller one is marked (stale)
@@ -99,7 +96,12 @@ planned as (
 claimed as (
     insert into document_expiry_reminders
         (id, document_id, owner_user_id, type, threshold_days, expires_at, reminded_at, notified, run_id)
-    select gen_random_uuid(), p.id, p.owner_user_id, p.type, p.threshold_days,
+    -- time-ordered ids (UUIDv7 layout): the primary key grows at its right edge instead of
+    -- dirtying a random leaf page (and its full-page WAL image) for every marker
+    select encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) placing
+               substring(int8send(floor(extract(epoch from clock_timestamp()) * 1000)::bigint)
+                         from 3) from 1 for 6), 52, 1), 53, 1), 'hex')::uuid,
+           p.id, p.owner_user_id, p.type, p.threshold_days,
            p.expires_on, now(), p.notified, %(run_id)s::uuid
     from planned p
     order by p.id, p.threshold_days
