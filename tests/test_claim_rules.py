@@ -12,7 +12,7 @@ from django.db import connection
 
 from reminders import rules
 from tests.conftest import CycleRunner
-from tests.factories import DocumentSpec, Documents
+from tests.factories import Documents, DocumentSpec
 from tests.ledger import AS_OF, TODAY, Marker, events, expiring_in, markers
 
 THRESHOLDS = (30, 14, 7, 1, 0)
