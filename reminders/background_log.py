@@ -5,6 +5,7 @@ batch: they are formatted and written while the main thread waits on PostgreSQL 
 releases the GIL), instead of adding their cost to every batch.
 """
 
+import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -39,4 +40,8 @@ class BackgroundLog:
 
     def _run(self) -> None:
         while (call := self._calls.get()) is not None:
-            call()
+            try:
+                call()
+            except Exception:
+                # One failing call must not stop the thread: submit() would then wait forever.
+                logging.getLogger(__name__).exception("background log call failed")

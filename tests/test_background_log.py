@@ -28,3 +28,17 @@ def test_calls_run_in_order_on_another_thread_and_close_waits_for_all() -> None:
 
     assert [n for n, _ in seen] == list(range(100))
     assert {name for _, name in seen} == {"background-log"}
+
+
+def test_a_failing_call_does_not_stop_the_ones_after_it() -> None:
+    seen: list[int] = []
+
+    def fail() -> None:
+        raise RuntimeError("boom")
+
+    with BackgroundLog(backlog=1) as log:
+        log.submit(fail)
+        for n in range(5):
+            log.submit(lambda n=n: seen.append(n))  # type: ignore[misc]
+
+    assert seen == [0, 1, 2, 3, 4]
