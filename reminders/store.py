@@ -132,8 +132,7 @@ def due_owners(
 ) -> Iterator[DueOwners]:
     """The due owners and the census of the window (see DueOwners)."""
     conn = raw_connection(using)
-    # JIT would compile this one scan for about as long as it runs; nothing here gains from it.
-    conn.execute("set jit = off")
+    conn.execute(query("tune_session"))
     cursor = conn.cursor(name=f"due_owners_{uuid.uuid4().hex}", withhold=True)
     try:
         cursor.execute(query("due_owners"), _window_params(window, thresholds, as_of_date))

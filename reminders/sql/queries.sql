@@ -3,6 +3,9 @@
 -- Ranges on person_documents.expires_at compare with UTC-midnight instants (never a cast of
 -- the column), so the partial index ix_person_documents_expires_at serves them.
 
+-- tune_session: JIT would compile the due-owners scan for about as long as it runs; nothing the worker runs gains from it
+set jit = off;
+
 -- due_owners: in one pass over the window, every owner with a window document, due owners first (most urgent first), each row carrying the window's census
 with window_documents as materialized (
     -- due: more crossed thresholds (days_left <= t) than markers among them. The markers come
