@@ -1,6 +1,6 @@
 """The integration event DocumentExpiryReminderKafkaEvent, contract version 1 (DESIGN 2.4).
 
-The body is built in SQL (store `claim_and_write`) from the markers a cycle won; these are
+The body is built in SQL (store `claim_batch`) from the markers a cycle won; these are
 the constants of its envelope. docs/contracts/ documents the contract and its JSON Schema.
 """
 

@@ -1,7 +1,8 @@
 """The reminder rules of DESIGN 3, as pure functions: no I/O, no clock, no database.
 
-`store.sql` mirrors `has_remaining` in the due-owners query (a document is due
-when a crossed threshold has no marker); everything else is decided here.
+They are the reference. For speed the cycle runs them in SQL, inside the claim statement
+(`claim_batch` in sql/queries.sql, and `due` in `due_owners`); tests/test_claim_rules.py
+holds the SQL to these functions on every case. --dry-run runs them here.
 """
 
 from collections.abc import Collection, Iterable

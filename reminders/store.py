@@ -8,7 +8,7 @@ import json
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import date, datetime
 from pathlib import Path
 from typing import Any
@@ -63,46 +63,25 @@ class DocumentRow:
     marked: tuple[int, ...]
 
 
-@dataclass(slots=True)
-class ClaimPlan:
-    """Markers to insert, and the event items of the thresholds to notify, as parallel arrays."""
+@dataclass(frozen=True, slots=True)
+class NotifiedItem:
+    """A document that went into its owner's event: what the log line says (never the mask)."""
 
-    m_document_ids: list[uuid.UUID] = field(default_factory=list)
-    m_owner_ids: list[uuid.UUID] = field(default_factory=list)
-    m_types: list[str] = field(default_factory=list)
-    m_expires_on: list[date] = field(default_factory=list)
-    m_thresholds: list[int] = field(default_factory=list)
-    m_notified: list[bool] = field(default_factory=list)
-    i_document_ids: list[uuid.UUID] = field(default_factory=list)
-    i_types: list[str] = field(default_factory=list)
-    i_number_masks: list[str | None] = field(default_factory=list)
-    i_expires_on: list[date] = field(default_factory=list)
-    i_days_left: list[int] = field(default_factory=list)
-
-    def add_marker(self, doc: DocumentRow, threshold: int, *, notified: bool) -> None:
-        self.m_document_ids.append(doc.id)
-        self.m_owner_ids.append(doc.owner_user_id)
-        self.m_types.append(doc.type)
-        self.m_expires_on.append(doc.expires_on)
-        self.m_thresholds.append(threshold)
-        self.m_notified.append(notified)
-
-    def add_item(self, doc: DocumentRow, days_left: int) -> None:
-        self.i_document_ids.append(doc.id)
-        self.i_types.append(events.event_type_of(doc.type))
-        self.i_number_masks.append(doc.number_mask)
-        self.i_expires_on.append(doc.expires_on)
-        self.i_days_left.append(days_left)
-
-    def __bool__(self) -> bool:
-        return bool(self.m_document_ids)
+    owner_user_id: uuid.UUID
+    document_id: uuid.UUID
+    type: str
+    threshold_days: int
+    days_left: int
 
 
 @dataclass(frozen=True, slots=True)
-class ClaimResult:
+class BatchClaim:
+    """What one batch's claim statement did."""
+
     markers_won: int
+    due_documents: int
     events_written: int
-    notified_document_ids: frozenset[uuid.UUID]
+    notified: list[NotifiedItem]
 
 
 def _window_params(window: Window, thresholds: Sequence[int], as_of_date: date) -> dict[str, Any]:
@@ -117,28 +96,57 @@ def _window_params(window: Window, thresholds: Sequence[int], as_of_date: date) 
 def window_census(
     using: str, window: Window, thresholds: Sequence[int], as_of_date: date
 ) -> tuple[int, int]:
-    """(documents in the window, of which due): the backlog before the cycle."""
+    """(documents in the window, of which due): the backlog, outside a cycle."""
     with _cursor(using) as cur:
         cur.execute(query("window_census"), _window_params(window, thresholds, as_of_date))
         row = _one(cur)
     return int(row[0]), int(row[1])
 
 
+class DueOwners:
+    """The due owners of a cycle, most urgent first, and the window's census, from one held
+    server-side cursor.
+
+    The cursor is materialised once, on the server, when opened, and then read in batches
+    across the cycle's transactions: nothing is read twice, the loop ends, and the client's
+    memory does not grow with the backlog. Its rows list every owner of the window, due ones
+    first; reading stops at the first owner with nothing due.
+    """
+
+    def __init__(self, cursor: psycopg.ServerCursor[Any]) -> None:
+        self._cursor = cursor
+        self._pending: list[tuple[Any, ...]] = [tuple(r) for r in cursor.fetchmany(1)]
+        first = self._pending[0] if self._pending else None
+        self.window_documents = int(first[3]) if first else 0
+        self.due_documents = int(first[4]) if first else 0
+        self._done = not self.due_documents
+
+    def fetch(self, size: int) -> list[tuple[uuid.UUID, datetime, int]]:
+        """Up to `size` more `(owner, first due expiry, due documents)`; empty at the end."""
+        if self._done:
+            return []
+        chunk = self._pending or [tuple(r) for r in self._cursor.fetchmany(size)]
+        self._pending = []
+        rows: list[tuple[uuid.UUID, datetime, int]] = []
+        for row in chunk:
+            if int(row[2]) == 0:
+                break
+            rows.append((row[0], row[1], int(row[2])))
+        self._done = len(rows) < len(chunk) or not chunk
+        return rows
+
+
 @contextmanager
 def due_owners(
     using: str, window: Window, thresholds: Sequence[int], as_of_date: date
-) -> Iterator[psycopg.ServerCursor[Any]]:
-    """A held server-side cursor over the due owners, most urgent first.
-
-    It is materialised once, on the server, when opened, and then read in batches across the
-    cycle's transactions: nothing is read twice, the loop ends, and the client's memory does
-    not grow with the backlog.
-    """
+) -> Iterator[DueOwners]:
+    """The due owners and the census of the window (see DueOwners)."""
     conn = raw_connection(using)
+    conn.execute(query("tune_session"))
     cursor = conn.cursor(name=f"due_owners_{uuid.uuid4().hex}", withhold=True)
     try:
         cursor.execute(query("due_owners"), _window_params(window, thresholds, as_of_date))
-        yield cursor
+        yield DueOwners(cursor)
     finally:
         if not conn.closed:
             # If the connection broke, the server dropped the cursor with the session.
@@ -164,27 +172,23 @@ def batch_documents(
         ]
 
 
-def claim_and_write(
+def claim_batch(
     using: str,
-    plan: ClaimPlan,
+    owner_ids: Sequence[uuid.UUID],
+    window: Window,
+    thresholds: Sequence[int],
+    as_of_date: date,
     *,
     run_id: uuid.UUID,
     as_of: datetime,
     extra_headers: dict[str, str] | None = None,
-) -> ClaimResult:
-    """Insert the plan's markers (insert-wins) and one outbox row per owner whose t* was won."""
+    max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT,
+) -> BatchClaim:
+    """For a batch of owners, in one statement: decide, insert the markers (insert-wins) and
+    one outbox row per owner whose t* was won. No document row travels to the worker and back."""
     params: dict[str, Any] = {
-        "m_document_ids": plan.m_document_ids,
-        "m_owner_ids": plan.m_owner_ids,
-        "m_types": plan.m_types,
-        "m_expires_on": plan.m_expires_on,
-        "m_thresholds": plan.m_thresholds,
-        "m_notified": plan.m_notified,
-        "i_document_ids": plan.i_document_ids,
-        "i_types": plan.i_types,
-        "i_number_masks": plan.i_number_masks,
-        "i_expires_on": plan.i_expires_on,
-        "i_days_left": plan.i_days_left,
+        "owner_ids": list(owner_ids),
+        **_window_params(window, thresholds, as_of_date),
         "run_id": run_id,
         "reminded_at": events.format_instant(as_of),
         "aggregate_type": events.AGGREGATE_TYPE,
@@ -192,12 +196,20 @@ def claim_and_write(
         "contract_version": events.CONTRACT_VERSION,
         "topic": events.TOPIC,
         "extra_headers": json.dumps(extra_headers) if extra_headers else None,
+        "max_documents_per_event": max_documents_per_event,
+        "unknown_type": events.UNKNOWN_DOCUMENT_TYPE,
     }
     with _cursor(using) as cur:
-        cur.execute(query("claim_and_write"), params)
-        row = _one(cur)
-    return ClaimResult(
-        markers_won=int(row[0]), events_written=int(row[1]), notified_document_ids=frozenset(row[2])
+        cur.execute(query("claim_batch"), params, binary=True)
+        rows = cur.fetchall()
+    if not rows:
+        raise psycopg.ProgrammingError("the statement returned no row")
+    markers_won, due_documents, events_written = rows[0][:3]
+    return BatchClaim(
+        markers_won=int(markers_won),
+        due_documents=int(due_documents),
+        events_written=int(events_written),
+        notified=[NotifiedItem(*r[3:]) for r in rows if r[3] is not None],
     )
 
 

@@ -3,7 +3,10 @@
 -- Ranges on person_documents.expires_at compare with UTC-midnight instants (never a cast of
 -- the column), so the partial index ix_person_documents_expires_at serves them.
 
--- window_census: how many documents are in the window, and how many of them are due
+-- tune_session: JIT would compile the due-owners scan for about as long as it runs; nothing the worker runs gains from it
+set jit = off;
+
+-- window_census: how many documents are in the window, and how many of them are due (backlog gauge, admin overview)
 select count(*) as window_documents,
        count(*) filter (where exists (
            select 1
@@ -20,25 +23,45 @@ where d.status = 'Active'
   and d.expires_at >= %(window_start)s
   and d.expires_at < %(window_end)s;
 
--- due_owners: owners with a due document (a crossed threshold without a marker), most urgent first
-select d.owner_user_id, min(d.expires_at) as first_due_expiry, count(*) as due_documents
-from person_documents d
-where d.status = 'Active'
-  and d.deleted_at is null
-  and d.expires_at is not null
-  and d.expires_at >= %(window_start)s
-  and d.expires_at < %(window_end)s
-  and exists (
-      select 1
-      from unnest(%(thresholds)s::int[]) as t(threshold_days)
-      where (d.expires_at at time zone 'UTC')::date - %(as_of_date)s::date <= t.threshold_days
-        and not exists (
-            select 1 from document_expiry_reminders r
-            where r.document_id = d.id and r.threshold_days = t.threshold_days))
-group by d.owner_user_id
-order by first_due_expiry, d.owner_user_id;
+-- due_owners: in one pass over the window, every owner with a window document, due owners first (most urgent first), each row carrying the window's census
+with window_documents as materialized (
+    -- due: more crossed thresholds (days_left <= t) than markers among them. The markers come
+    -- by a join (parallel, one pass over the ledger), not a probe per document and threshold;
+    -- width_bucket(x, ascending) counts the thresholds <= x, so n - width_bucket(left - 1)
+    -- counts those >= left.
+    select d.owner_user_id,
+           d.expires_at,
+           cardinality(%(thresholds)s::int[])
+           - width_bucket((d.expires_at at time zone 'UTC')::date - %(as_of_date)s::date - 1,
+                          array(select t from unnest(%(thresholds)s::int[]) as t order by t))
+           > count(r.document_id) as due
+    from person_documents d
+    left join document_expiry_reminders r
+      on r.document_id = d.id
+     and r.threshold_days = any(%(thresholds)s::int[])
+     and r.threshold_days >= (d.expires_at at time zone 'UTC')::date - %(as_of_date)s::date
+    where d.status = 'Active'
+      and d.deleted_at is null
+      and d.expires_at is not null
+      and d.expires_at >= %(window_start)s
+      and d.expires_at < %(window_end)s
+    group by d.id
+),
+owners as (
+    select owner_user_id,
+           min(expires_at) filter (where due) as first_due_expiry,
+           count(*) filter (where due) as due_documents,
+           count(*) as window_documents
+    from window_documents
+    group by owner_user_id
+)
+select owner_user_id, first_due_expiry, due_documents,
+       sum(window_documents) over () as window_documents,
+       sum(due_documents) over () as window_due_documents
+from owners
+order by due_documents = 0, first_due_expiry, owner_user_id;
 
--- batch_documents: the window documents of a batch of owners, with the thresholds already marked
+-- batch_documents: the window documents of a batch of owners, with the thresholds already marked (for --dry-run)
 select d.id,
        d.owner_user_id,
        d.type,
@@ -57,31 +80,74 @@ where d.owner_user_id = any(%(owner_ids)s::uuid[])
   and d.expires_at < %(window_end)s
 order by d.owner_user_id, d.id;
 
--- claim_and_write: insert markers (insert-wins, in document/threshold order), then one outbox row per owner whose t* this statement won
-with planned as (
-    select *
-    from unnest(%(m_document_ids)s::uuid[], %(m_owner_ids)s::uuid[], %(m_types)s::text[],
-                %(m_expires_on)s::date[], %(m_thresholds)s::int[], %(m_notified)s::bool[])
-         as p(document_id, owner_user_id, type, expires_on, threshold_days, notified)
+-- claim_batch: for a batch of owners, in one statement: their window documents and markers, the rules (as reminders.rules.decide), the markers (insert-wins, in document/threshold order), one outbox row per owner whose t* this statement won, and the notified items for the log
+with docs as materialized (
+    -- marked: one index probe a document. (A join to the ledger gets planned as a scan of
+    -- the whole ledger once it is large, for every batch.) All probes run before the insert
+    -- below, whose sort reads every planned row first.
+    select d.id, d.owner_user_id, d.type, d.number_mask,
+           (d.expires_at at time zone 'UTC')::date as expires_on,
+           coalesce((select array_agg(r.threshold_days) from document_expiry_reminders r
+                     where r.document_id = d.id), '{}'::int[]) as marked
+    from person_documents d
+    where d.owner_user_id = any(%(owner_ids)s::uuid[])
+      and d.status = 'Active'
+      and d.deleted_at is null
+      and d.expires_at is not null
+      and d.expires_at >= %(window_start)s
+      and d.expires_at < %(window_end)s
+),
+remaining as (
+    -- crossed thresholds (days_left <= t) that have no marker
+    select docs.id, docs.owner_user_id, docs.type, docs.expires_on, t.threshold_days,
+           docs.marked
+    from docs
+    cross join unnest(%(thresholds)s::int[]) as t(threshold_days)
+    where docs.expires_on - %(as_of_date)s::date <= t.threshold_days
+      and t.threshold_days <> all(docs.marked)
+),
+capped as (
+    -- at most %(max_documents_per_event)s due documents per owner, most urgent first (as
+    -- cycle.most_urgent_per_owner): the rest stay unmarked, due again in the next cycle
+    select ranked.id
+    from (select due.id,
+                 row_number() over (partition by due.owner_user_id
+                                    order by due.expires_on, due.id) as urgency
+          from (select distinct id, owner_user_id, expires_on from remaining) due) ranked
+    where ranked.urgency <= %(max_documents_per_event)s
+),
+planned as (
+    -- mark every remaining threshold; notify t* = min(remaining) unless a smaller one is marked (stale)
+    select r.id, r.owner_user_id, r.type, r.expires_on, r.threshold_days,
+           r.threshold_days = min(r.threshold_days) over (partition by r.id)
+           and not (r.threshold_days > any(r.marked)) as notified
+    from remaining r
+    where r.id in (select id from capped)
 ),
 claimed as (
     insert into document_expiry_reminders
         (id, document_id, owner_user_id, type, threshold_days, expires_at, reminded_at, notified, run_id)
-    select gen_random_uuid(), p.document_id, p.owner_user_id, p.type, p.threshold_days,
+    -- time-ordered ids (UUIDv7 layout): the primary key grows at its right edge instead of
+    -- dirtying a random leaf page (and its full-page WAL image) for every marker
+    select encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) placing
+               substring(int8send(floor(extract(epoch from clock_timestamp()) * 1000)::bigint)
+                         from 3) from 1 for 6), 52, 1), 53, 1), 'hex')::uuid,
+           p.id, p.owner_user_id, p.type, p.threshold_days,
            p.expires_on, now(), p.notified, %(run_id)s::uuid
     from planned p
-    order by p.document_id, p.threshold_days
+    order by p.id, p.threshold_days
     on conflict (document_id, threshold_days) do nothing
-    returning document_id, owner_user_id, threshold_days, notified
+    returning document_id, owner_user_id, type, threshold_days, expires_at, notified
 ),
 items as (
-    select c.owner_user_id, c.document_id, c.threshold_days, i.type, i.number_mask,
-           i.expires_on, i.days_left
+    -- the number mask goes into the event only, never back to the worker
+    -- a blank type goes out as 'Unknown' (events.event_type_of): the contract needs one
+    select c.owner_user_id, c.document_id, c.threshold_days,
+           case when c.type ~ '\S' then c.type else %(unknown_type)s::text end as type,
+           d.number_mask,
+           c.expires_at as expires_on, c.expires_at - %(as_of_date)s::date as days_left
     from claimed c
-    join unnest(%(i_document_ids)s::uuid[], %(i_types)s::text[], %(i_number_masks)s::text[],
-                %(i_expires_on)s::date[], %(i_days_left)s::int[])
-         as i(document_id, type, number_mask, expires_on, days_left)
-      on i.document_id = c.document_id
+    join docs d on d.id = c.document_id
     where c.notified
 ),
 events as (
@@ -116,11 +182,19 @@ written as (
            now(), 0
     from events e
     order by e.most_urgent, e.owner_user_id
+),
+totals as (
+    -- `written` runs to completion although nothing reads it (the worker may not read the outbox).
+    select (select count(*) from claimed) as markers_won,
+           (select count(distinct id) from planned) as due_documents,
+           (select count(*) from events) as events_written
 )
--- `written` runs to completion although nothing reads it (the worker may not read the outbox).
-select (select count(*) from claimed) as markers_won,
-       (select count(*) from events) as events_written,
-       coalesce((select array_agg(document_id) from items), '{}'::uuid[]) as notified_document_ids;
+-- one row per notified item (owner, document, type, threshold, days left), or one row of nulls
+select t.markers_won, t.due_documents, t.events_written,
+       i.owner_user_id, i.document_id, i.type, i.threshold_days, i.days_left
+from totals t
+left join items i on true
+order by i.owner_user_id, i.days_left, i.document_id;
 
 -- prune_expired_markers: delete one bounded chunk of markers whose expiry date left the retention window
 delete from document_expiry_reminders

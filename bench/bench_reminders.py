@@ -1,0 +1,448 @@
+"""The reminder worker's benchmark against PostgreSQL's own limit (issue 6).
+
+    python -m bench.bench_reminders --shape backlog            # N = 1,000,000
+    python -m bench.bench_reminders --shape steady             # N = 10,000,000
+    python -m bench.bench_reminders --shape backlog -n 100000
+
+Builds the shape's data set with COPY in a fresh database, then times, on the same data: the
+floor (the whole cold cycle as one SQL statement), the worker's cold cycle (checked to write
+exactly the floor's markers and events), the warm cycle (same as-of again), the next day
+(as-of + 1 day) and a prune (a month of expiries at once). The worker runs as production
+does: `manage.py run_expiry_reminders` in a subprocess, as the least-privilege role. Prints a
+table and writes JSON (bench/results/latest.json). docs/performance.md explains the figures.
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from datetime import time as clock_time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg
+
+from bench import dataset, worker
+from reminders import events, rules
+from reminders.config import ReminderSettings
+from reminders.devdb import PERSON_DOCUMENTS_SQL, ROLES_SQL, WORKER_ROLE
+from reminders.queries import load
+from reminders.store import QUERIES_FILE
+
+BENCH_SQL = Path(__file__).parent / "sql" / "bench.sql"
+RESULTS = Path(__file__).parent / "results"
+CANDIDATE_INDEX = "ix_person_documents_expires_at"
+PRUNE_AHEAD = timedelta(days=30)
+
+
+def bench_query(name: str) -> str:
+    return load(BENCH_SQL)[name]
+
+
+def _yesterday() -> datetime:
+    """Yesterday's UTC midnight: the next day's cycle is then never in the future."""
+    today = datetime.now(UTC).date()
+    return datetime.combine(today - timedelta(days=1), clock_time(0), tzinfo=UTC)
+
+
+def _one(conn: psycopg.Connection[Any], sql: str, params: dict[str, Any] | None = None
+         ) -> tuple[Any, ...]:
+    row = conn.execute(sql, params).fetchone()
+    if row is None:
+        raise RuntimeError(f"no row from {sql[:60]!r}")
+    return tuple(row)
+
+
+@dataclass(slots=True)
+class BenchConfig:
+    shape: str
+    documents: int
+    server_url: str = "postgres://postgres@127.0.0.1:5432"
+    database: str = ""
+    seed: int = 6
+    as_of: datetime = field(default_factory=_yesterday)
+    batch_size: int | None = None
+    reuse: bool = False
+    build_only: bool = False
+    logs: Path | None = None
+    worker_env: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.database = self.database or f"pin_profile_bench_{self.shape}"
+
+    def url(self, database: str | None = None, user: str | None = None) -> str:
+        parts = urlsplit(self.server_url)
+        netloc = parts.netloc
+        if user is not None:
+            netloc = f"{user}@{netloc.rsplit('@', 1)[-1]}"
+        return urlunsplit((parts.scheme, netloc, f"/{database or self.database}", "", ""))
+
+
+@dataclass(slots=True)
+class Phase:
+    """One timed phase: what the table and the JSON report."""
+
+    name: str
+    seconds: float
+    window_documents: int | None = None
+    due_documents: int | None = None
+    markers: int | None = None
+    events: int | None = None
+    due_per_second: float | None = None
+    ratio_to_floor: float | None = None
+    peak_rss_mb: float | None = None
+    worker_cpu_seconds: float | None = None
+    wall_seconds: float | None = None
+    candidate_index: bool | None = None
+    full_scan: bool | None = None
+    plan: str | None = None
+    wal_mb: float | None = None
+    checkpoints: int | None = None
+    status: str = "ok"
+    load: tuple[float, float, float] = field(default_factory=os.getloadavg)
+
+
+def connect(url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=True, options="-c search_path=profile,public")
+
+
+def window_params(config: BenchConfig, as_of: datetime) -> dict[str, Any]:
+    settings = ReminderSettings()
+    as_of_date = rules.utc_date(as_of)
+    window = rules.scan_window(as_of_date, settings.thresholds, settings.retention_days)
+    return {"window_start": window.start, "window_end": window.end,
+            "thresholds": list(settings.thresholds), "as_of_date": as_of_date}
+
+
+# --- the data set -----------------------------------------------------------------------------
+
+def _dataset_tag(config: BenchConfig) -> str:
+    return f"{config.shape}:{config.documents}:{config.seed}:{config.as_of.date().isoformat()}"
+
+
+def _existing_tag(config: BenchConfig) -> str | None:
+    try:
+        with connect(config.url()) as conn:
+            row = conn.execute("select tag from public.bench_dataset").fetchone()
+    except psycopg.Error:
+        return None
+    return None if row is None else str(row[0])
+
+
+def build_database(config: BenchConfig) -> Phase:
+    """A fresh database: migrations, the documents table, the roles, then the data by COPY."""
+    started = time.perf_counter()
+    with psycopg.connect(config.url("postgres"), autocommit=True) as admin:
+        admin.execute(f'drop database if exists "{config.database}" with (force)')
+        admin.execute(f'create database "{config.database}"')
+    subprocess.run([sys.executable, str(worker.MANAGE_PY), "migrate", "--noinput", "-v", "0"],
+                   check=True, cwd=worker.ROOT,
+                   env={**os.environ, "DATABASE_URL": config.url()})
+    with connect(config.url()) as conn:
+        conn.execute(PERSON_DOCUMENTS_SQL.read_text(encoding="utf-8").encode())
+        conn.execute(ROLES_SQL.read_text(encoding="utf-8").encode())
+        rows = dataset.document_rows(dataset.shape_named(config.shape), config.documents,
+                                     config.as_of.date(), config.seed)
+        copied = dataset.copy_documents(conn, rows)
+        conn.execute("create table public.bench_dataset (tag text not null)")
+        conn.execute("insert into public.bench_dataset values (%s)", (_dataset_tag(config),))
+    seconds = time.perf_counter() - started
+    return Phase("build (COPY)", seconds, markers=None, events=None,
+                 due_documents=None, window_documents=None, status=f"{copied} documents")
+
+
+def drop_database(config: BenchConfig) -> None:
+    with psycopg.connect(config.url("postgres"), autocommit=True) as admin:
+        admin.execute(f'drop database if exists "{config.database}" with (force)')
+
+
+# --- phases -----------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class _Activity:
+    """WAL written and checkpoints taken while a phase ran (server-wide: other databases'
+    checkpoints count too, as they cost this phase full-page writes)."""
+
+    wal_lsn: str
+    checkpoints: int
+
+    @classmethod
+    def now(cls, conn: psycopg.Connection[Any]) -> "_Activity":
+        row = _one(conn, "select pg_current_wal_lsn()::text,"
+                         " checkpoints_timed + checkpoints_req from pg_stat_bgwriter")
+        return cls(str(row[0]), int(row[1]))
+
+    def since(self, conn: psycopg.Connection[Any], phase: "Phase") -> "Phase":
+        row = _one(conn, "select pg_wal_lsn_diff(pg_current_wal_lsn(), %(lsn)s::pg_lsn),"
+                         " checkpoints_timed + checkpoints_req from pg_stat_bgwriter",
+                   {"lsn": self.wal_lsn})
+        phase.wal_mb = float(row[0]) / 2**20
+        phase.checkpoints = int(row[1]) - self.checkpoints
+        return phase
+
+
+def _quiet(conn: psycopg.Connection[Any]) -> None:
+    """Start each timed phase level: statistics fresh, dirty pages flushed."""
+    conn.execute("vacuum analyze document_expiry_reminders, outbox_messages")
+    conn.execute("checkpoint")
+
+
+def explain_candidates(conn: psycopg.Connection[Any], params: dict[str, Any]) -> tuple[bool, bool, str]:
+    """(uses the partial expiry index, scans person_documents whole, plan summary) of the
+    cycle's candidate query: the due owners, with the window's census."""
+    worker_queries = load(QUERIES_FILE)
+    nodes: list[str] = []
+    for name in ("due_owners",):
+        conn.execute("set jit = off")  # as the worker's session does
+        plan = _one(conn, f"explain (format json) {worker_queries[name]}", params)
+        nodes += [f"{name}: {node}" for node in _scan_nodes(plan[0][0]["Plan"])]
+    uses_index = any(CANDIDATE_INDEX in n for n in nodes)
+    full_scan = any("Seq Scan on person_documents" in n for n in nodes)
+    return uses_index, full_scan, "; ".join(nodes)
+
+
+def _scan_nodes(plan: dict[str, Any]) -> Iterator[str]:
+    if plan.get("Relation Name") == "person_documents" or plan.get("Index Name") == CANDIDATE_INDEX:
+        index = f" using {plan['Index Name']}" if "Index Name" in plan else ""
+        yield f"{plan['Node Type']} on {plan.get('Relation Name', 'person_documents')}{index}"
+    for child in plan.get("Plans", []):
+        yield from _scan_nodes(child)
+
+
+def run_floor(conn: psycopg.Connection[Any], config: BenchConfig, as_of: datetime) -> Phase:
+    conn.execute(bench_query("reset_cycle_output"))
+    _quiet(conn)
+    params = {
+        **window_params(config, as_of),
+        "run_id": uuid.uuid4(),
+        "reminded_at": events.format_instant(as_of),
+        "aggregate_type": events.AGGREGATE_TYPE,
+        "event_type": events.EVENT_TYPE,
+        "contract_version": events.CONTRACT_VERSION,
+        "topic": events.TOPIC,
+    }
+    activity = _Activity.now(conn)
+    started = time.perf_counter()
+    row = _one(conn, bench_query("floor_cycle"), params)
+    seconds = time.perf_counter() - started
+    wal = Phase("", 0.0)
+    activity.since(conn, wal)
+    window = _one(conn, bench_query("window_documents"), params)
+    conn.execute(bench_query("save_floor"))
+    markers, events_written = int(row[0]), int(row[1])
+    due = _one(conn, "select count(distinct document_id) from public.bench_floor_markers")
+    return Phase("floor (1 SQL statement)", seconds, window_documents=int(window[0]),
+                 due_documents=int(due[0]), markers=markers, events=events_written,
+                 due_per_second=int(due[0]) / seconds if seconds else None, ratio_to_floor=1.0,
+                 wal_mb=wal.wal_mb, checkpoints=wal.checkpoints)
+
+
+def run_worker_phase(conn: psycopg.Connection[Any], config: BenchConfig, name: str, *,
+                     as_of: datetime, logs: Path, floor: Phase | None) -> Phase:
+    _quiet(conn)
+    uses_index, full_scan, plan = explain_candidates(conn, window_params(config, as_of))
+    env = dict(config.worker_env)
+    if config.batch_size:
+        env["REMINDER_BATCH_SIZE"] = str(config.batch_size)
+    activity = _Activity.now(conn)
+    run = worker.run_cycle(as_of, config.url(user=WORKER_ROLE),
+                           logs / f"{name.replace(' ', '_')}.log", env)
+    counters = run.counters
+    seconds = counters.get("duration_ms", 0) / 1000
+    due = counters.get("due_documents", 0)
+    return activity.since(conn, Phase(
+        name, seconds,
+        window_documents=counters.get("window_documents"), due_documents=due,
+        markers=counters.get("markers_written"), events=counters.get("owners_notified"),
+        due_per_second=due / seconds if seconds and due else None,
+        ratio_to_floor=seconds / floor.seconds if floor and floor.seconds else None,
+        peak_rss_mb=run.peak_rss_mb, worker_cpu_seconds=run.cpu_seconds,
+        wall_seconds=run.wall_seconds, candidate_index=uses_index, full_scan=full_scan, plan=plan,
+        status=f"{run.status} (exit {run.returncode})" if run.returncode or run.status != "succeeded"
+        else "succeeded",
+    ))
+
+
+def run_prune_phase(conn: psycopg.Connection[Any], as_of: datetime, logs: Path,
+                    config: BenchConfig) -> Phase:
+    _quiet(conn)
+    activity = _Activity.now(conn)
+    run, seconds = worker.run_prune(as_of + PRUNE_AHEAD, config.url(user=WORKER_ROLE),
+                                    logs / "prune.log")
+    pruned = run.counters.get("pruned", 0)
+    return activity.since(conn, Phase(
+        f"prune (as-of + {PRUNE_AHEAD.days} d)", seconds, markers=pruned,
+        peak_rss_mb=run.peak_rss_mb, wall_seconds=run.wall_seconds,
+        status="succeeded" if run.returncode == 0 else f"exit {run.returncode}"))
+
+
+@dataclass(slots=True)
+class BenchResult:
+    shape: str
+    documents: int
+    database: str
+    as_of: str
+    batch_size: int
+    worker_env: dict[str, str]
+    started_at: str
+    host: dict[str, Any]
+    phases: list[Phase]
+    floor_check: dict[str, int]
+    worker_equals_floor: bool
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def run_benchmark(config: BenchConfig, log: Any = print) -> BenchResult | None:
+    """Build (or reuse) the data set and run every phase; None with --build-only."""
+    as_of = config.as_of
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
+    phases: list[Phase] = []
+    if config.reuse and _existing_tag(config) == _dataset_tag(config):
+        log(f"reusing {config.database} ({_dataset_tag(config)})")
+    else:
+        log(f"building {config.database}: {config.shape}, {config.documents:,} documents ...")
+        phases.append(build_database(config))
+        log(f"  built in {phases[-1].seconds:.1f} s")
+    if config.build_only:
+        return None
+    with connect(config.url()) as conn, _log_dir(config.logs) as logs:
+        params = window_params(config, as_of)
+        in_window = _one(conn, bench_query("window_documents"), params)
+        log(f"{in_window[0]:,} documents in the window of {as_of.date()} "
+            f"(of {config.documents:,})")
+        log("floor ...")
+        floor = run_floor(conn, config, as_of)
+        phases.append(floor)
+        log(f"  {floor.seconds:.1f} s")
+        conn.execute(bench_query("reset_cycle_output"))
+        log("cold cycle ...")
+        phases.append(run_worker_phase(conn, config, "cold cycle", as_of=as_of, logs=logs,
+                                       floor=floor))
+        row = _one(conn, bench_query("compare_with_floor"))
+        check = {"markers_differing": int(row[0]), "events_differing": int(row[1]),
+                 "floor_markers": int(row[2]), "floor_events": int(row[3])}
+        equal = check["markers_differing"] == 0 and check["events_differing"] == 0
+        log(f"  {phases[-1].seconds:.1f} s; worker equals floor: {equal} {check}")
+        log("warm cycle ...")
+        phases.append(run_worker_phase(conn, config, "warm cycle", as_of=as_of, logs=logs,
+                                       floor=None))
+        log("next day ...")
+        phases.append(run_worker_phase(conn, config, "next day", as_of=as_of + timedelta(days=1),
+                                       logs=logs, floor=None))
+        log("prune ...")
+        phases.append(run_prune_phase(conn, as_of + timedelta(days=1), logs, config))
+    return BenchResult(
+        shape=config.shape, documents=config.documents, database=config.database,
+        as_of=as_of.isoformat(), batch_size=config.batch_size or ReminderSettings().batch_size,
+        worker_env=config.worker_env,
+        started_at=started_at,
+        host={"cpus": os.cpu_count(), "python": platform.python_version(),
+              "postgres": _server_version(config), "load_at_end": os.getloadavg()},
+        phases=phases, floor_check=check, worker_equals_floor=equal,
+    )
+
+
+def _server_version(config: BenchConfig) -> str:
+    with connect(config.url()) as conn:
+        row = conn.execute("show server_version").fetchone()
+    return str(row[0]) if row else "?"
+
+
+@contextmanager
+def _log_dir(keep: Path | None) -> Iterator[Path]:
+    """Where the worker's logs go: `keep` if given, else a directory removed afterwards."""
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        yield keep
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-reminders-") as path:
+        yield Path(path)
+
+
+# --- report -----------------------------------------------------------------------------------
+
+def _fmt(value: Any, spec: str = "") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return format(value, spec)
+
+
+def format_table(result: BenchResult) -> str:
+    head = (f"{'phase':<24} {'seconds':>8} {'in window':>10} {'due':>9} {'markers':>9} "
+            f"{'events':>8} {'due/s':>8} {'x floor':>7} {'RSS MB':>7} {'cpu s':>6} {'index':>5} "
+            f"{'full scan':>9} {'WAL MB':>7} {'ckpts':>5} {'load':>5}  status")
+    lines = [f"{result.shape}: {result.documents:,} documents, as-of {result.as_of}, "
+             f"batch size {result.batch_size}"
+             + "".join(f", {k}={v}" for k, v in result.worker_env.items()), head, "-" * len(head)]
+    for p in result.phases:
+        lines.append(
+            f"{p.name:<24} {p.seconds:>8.2f} {_fmt(p.window_documents, ','):>10} "
+            f"{_fmt(p.due_documents, ','):>9} {_fmt(p.markers, ','):>9} {_fmt(p.events, ','):>8} "
+            f"{_fmt(p.due_per_second, ',.0f'):>8} {_fmt(p.ratio_to_floor, '.2f'):>7} "
+            f"{_fmt(p.peak_rss_mb, '.0f'):>7} {_fmt(p.worker_cpu_seconds, '.1f'):>6} "
+            f"{_fmt(p.candidate_index):>5} "
+            f"{_fmt(p.full_scan):>9} {_fmt(p.wal_mb, ',.0f'):>7} {_fmt(p.checkpoints):>5} "
+            f"{p.load[0]:>5.2f}  {p.status}"
+        )
+    lines.append(f"worker equals floor: {result.worker_equals_floor} {result.floor_check}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--shape", choices=dataset.SHAPES, default="backlog")
+    parser.add_argument("-n", "--documents", type=int,
+                        help="documents in the data set (default: 1,000,000 backlog, "
+                             "10,000,000 steady)")
+    parser.add_argument("--server", default=os.environ.get(
+        "BENCH_SERVER_URL", "postgres://postgres@127.0.0.1:5432"),
+                        help="superuser URL of the server, without database")
+    parser.add_argument("--database", default="",
+                        help="benchmark database, dropped and created (default "
+                             "pin_profile_bench_<shape>)")
+    parser.add_argument("--seed", type=int, default=6)
+    parser.add_argument("--as-of", type=date.fromisoformat,
+                        help="the cold cycle's UTC date (default: yesterday)")
+    parser.add_argument("--batch-size", type=int, help="REMINDER_BATCH_SIZE for the worker")
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the database if it holds this very data set")
+    parser.add_argument("--build-only", action="store_true", help="build the data set and stop")
+    parser.add_argument("--json", type=Path, default=RESULTS / "latest.json")
+    parser.add_argument("--logs", type=Path, help="keep the worker's logs in this directory")
+    parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
+                        help="extra environment for the worker's cycles, e.g. LOG_LEVEL=WARNING")
+    args = parser.parse_args(argv)
+    config = BenchConfig(
+        shape=args.shape, documents=args.documents or dataset.DEFAULT_SIZES[args.shape],
+        server_url=args.server, database=args.database, seed=args.seed,
+        as_of=datetime.combine(args.as_of, clock_time(0), tzinfo=UTC) if args.as_of
+        else _yesterday(),
+        batch_size=args.batch_size, reuse=args.reuse, build_only=args.build_only,
+        logs=args.logs, worker_env=dict(item.split("=", 1) for item in args.worker_env),
+    )
+    result = run_benchmark(config)
+    if result is None:
+        return 0
+    print(format_table(result))
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(result.as_json(), indent=2, default=str) + "\n")
+    print(f"wrote {args.json}")
+    return 0 if result.worker_equals_floor else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

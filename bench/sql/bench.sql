@@ -1,0 +1,143 @@
+-- The benchmark's own SQL (bench/bench_reminders.py), by name, loaded by reminders.queries.load.
+-- It runs as the database owner, on a benchmark database only.
+
+-- window_documents: documents in the scan window (what the cycle's census counts)
+select count(*)
+from person_documents d
+where d.status = 'Active'
+  and d.deleted_at is null
+  and d.expires_at is not null
+  and d.expires_at >= %(window_start)s
+  and d.expires_at < %(window_end)s;
+
+-- floor_cycle: the floor, a whole cycle in one statement: the same markers and outbox rows as the worker, with nothing around them
+with docs as (
+    select d.id, d.owner_user_id, d.type, d.number_mask,
+           (d.expires_at at time zone 'UTC')::date as expires_on
+    from person_documents d
+    where d.status = 'Active'
+      and d.deleted_at is null
+      and d.expires_at is not null
+      and d.expires_at >= %(window_start)s
+      and d.expires_at < %(window_end)s
+),
+marks as materialized (
+    -- Read once, before any insert: a per-row probe could meet the statement's own new rows.
+    select r.document_id, array_agg(r.threshold_days) as marked,
+           min(r.threshold_days) as min_marked
+    from document_expiry_reminders r
+    where r.document_id in (select id from docs)
+    group by r.document_id
+),
+remaining as (
+    select docs.id, docs.owner_user_id, docs.type, docs.expires_on, t.threshold_days,
+           min(t.threshold_days) over (partition by docs.id) as t_star, m.min_marked
+    from docs
+    cross join unnest(%(thresholds)s::int[]) as t(threshold_days)
+    left join marks m on m.document_id = docs.id
+    where docs.expires_on - %(as_of_date)s::date <= t.threshold_days
+      and t.threshold_days <> all(coalesce(m.marked, '{}'::int[]))
+),
+claimed as (
+    insert into document_expiry_reminders
+        (id, document_id, owner_user_id, type, threshold_days, expires_at, reminded_at, notified, run_id)
+    -- ids as the worker makes them: time-ordered (see claim_batch)
+    select encode(set_bit(set_bit(overlay(uuid_send(gen_random_uuid()) placing
+               substring(int8send(floor(extract(epoch from clock_timestamp()) * 1000)::bigint)
+                         from 3) from 1 for 6), 52, 1), 53, 1), 'hex')::uuid,
+           r.id, r.owner_user_id, r.type, r.threshold_days, r.expires_on, now(),
+           r.threshold_days = r.t_star and coalesce(r.min_marked > r.t_star, true),
+           %(run_id)s::uuid
+    from remaining r
+    order by r.id, r.threshold_days
+    on conflict (document_id, threshold_days) do nothing
+    returning document_id, owner_user_id, threshold_days, notified
+),
+items as (
+    select c.owner_user_id, c.document_id, c.threshold_days, d.type, d.number_mask,
+           (d.expires_at at time zone 'UTC')::date as expires_on,
+           (d.expires_at at time zone 'UTC')::date - %(as_of_date)s::date as days_left
+    from claimed c
+    join person_documents d on d.id = c.document_id
+    where c.notified
+),
+events as (
+    select gen_random_uuid() as id,
+           owner_user_id,
+           jsonb_build_object(
+               'ownerUserId', owner_user_id::text,
+               'remindedAt', %(reminded_at)s::text,
+               'documents', jsonb_agg(jsonb_build_object(
+                   'documentId', document_id::text,
+                   'type', type,
+                   'numberMask', number_mask,
+                   'expiresAt', to_char(expires_on, 'YYYY-MM-DD'),
+                   'thresholdDays', threshold_days,
+                   'daysLeft', days_left) order by days_left, document_id)) as payload
+    from items
+    group by owner_user_id
+),
+written as (
+    insert into outbox_messages
+        (id, aggregate_type, aggregate_id, event_type, contract_version, topic, message_key,
+         payload, headers, created_at, attempts)
+    select e.id, %(aggregate_type)s::text, e.owner_user_id::text, %(event_type)s::text,
+           %(contract_version)s::int, %(topic)s::text, e.owner_user_id::text, e.payload,
+           jsonb_build_object(
+               'message_id', e.id::text,
+               'correlation_id', %(run_id)s::text,
+               'event_type', %(event_type)s::text,
+               'contract_version', %(contract_version)s::int::text),
+           now(), 0
+    from events e
+    returning 1
+)
+select (select count(*) from claimed) as markers, (select count(*) from written) as events;
+
+-- reset_cycle_output: empty the ledger, the outbox and the run history (between floor and worker)
+truncate document_expiry_reminders, outbox_messages, document_expiry_reminder_runs;
+
+-- save_floor: keep the floor's markers and events, without ids and times, for the comparison
+drop table if exists public.bench_floor_markers, public.bench_floor_events;
+create table public.bench_floor_markers as
+    select document_id, owner_user_id, type, threshold_days, expires_at, notified
+    from document_expiry_reminders;
+create table public.bench_floor_events as
+    select aggregate_type, aggregate_id, event_type, contract_version, topic, message_key, payload
+    from outbox_messages;
+
+-- compare_with_floor: rows that differ between the worker's output and the floor's, both ways
+select
+    (select count(*) from (
+        (select document_id, owner_user_id, type, threshold_days, expires_at, notified
+         from document_expiry_reminders
+         except all
+         select * from public.bench_floor_markers)
+        union all
+        (select * from public.bench_floor_markers
+         except all
+         select document_id, owner_user_id, type, threshold_days, expires_at, notified
+         from document_expiry_reminders)) as m) as markers_differing,
+    (select count(*) from (
+        (select aggregate_type, aggregate_id, event_type, contract_version, topic, message_key,
+                payload
+         from outbox_messages
+         except all
+         select * from public.bench_floor_events)
+        union all
+        (select * from public.bench_floor_events
+         except all
+         select aggregate_type, aggregate_id, event_type, contract_version, topic, message_key,
+                payload
+         from outbox_messages)) as e) as events_differing,
+    (select count(*) from public.bench_floor_markers) as floor_markers,
+    (select count(*) from public.bench_floor_events) as floor_events;
+
+-- ledger_size: markers and outbox rows now
+select (select count(*) from document_expiry_reminders), (select count(*) from outbox_messages);
+
+-- sample_owners: a batch's worth of due owners, for EXPLAIN of the per-batch query
+select owner_user_id from person_documents
+where status = 'Active' and deleted_at is null and expires_at >= %(window_start)s
+  and expires_at < %(window_end)s
+limit 150

@@ -1,0 +1,47 @@
+"""A small run of the benchmark (bench/bench_reminders.py), so that it cannot rot: it builds
+its data set, runs every phase, and the worker's cold cycle equals the floor. No timings are
+asserted: speed is the benchmark's business, not the tests'."""
+
+import pytest
+from django.db import connection
+
+from bench.bench_reminders import BenchConfig, drop_database, run_benchmark
+
+SMOKE_DOCUMENTS = 20_000
+
+
+def _server_url() -> str:
+    settings = connection.settings_dict
+    return (f"postgres://{settings['USER']}@{settings['HOST'] or '127.0.0.1'}:"
+            f"{settings['PORT'] or 5432}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", ["backlog", "steady"])
+def test_benchmark_runs_and_the_worker_equals_the_floor(shape: str) -> None:
+    config = BenchConfig(shape=shape, documents=SMOKE_DOCUMENTS, server_url=_server_url(),
+                         database=f"{connection.settings_dict['NAME']}_smoke_{shape}")
+    try:
+        result = run_benchmark(config, log=lambda _line: None)
+    finally:
+        drop_database(config)
+
+    assert result is not None
+    phases = {p.name.split(" (")[0]: p for p in result.phases}
+    assert result.floor_check["markers_differing"] == 0, result.floor_check
+    assert result.floor_check["events_differing"] == 0, result.floor_check
+    assert result.worker_equals_floor
+    floor, cold, warm, next_day = (phases[n] for n in ("floor", "cold cycle", "warm cycle",
+                                                         "next day"))
+    assert cold.status == "succeeded" and cold.markers == floor.markers
+    assert cold.markers and cold.events == floor.events and cold.events
+    assert cold.due_documents == floor.due_documents == cold.window_documents
+    assert (warm.status, warm.due_documents, warm.markers, warm.events) == ("succeeded", 0, 0, 0)
+    assert next_day.status == "succeeded" and next_day.markers
+    assert cold.peak_rss_mb and cold.peak_rss_mb > 0
+    assert cold.candidate_index is not None and cold.plan
+    if shape == "backlog":
+        assert cold.window_documents == SMOKE_DOCUMENTS
+        assert phases["prune"].markers
+    else:
+        assert cold.window_documents and cold.window_documents < SMOKE_DOCUMENTS / 10
