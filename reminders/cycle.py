@@ -370,6 +370,26 @@ class Cycle:
                       run_id=result.run_id, status=result.status)
 
 
+def delete_in_chunks(
+    using: str,
+    delete_chunk: Callable[[int], int],
+    *,
+    chunk: int,
+    stop: threading.Event | None = None,
+    out_of_time: Callable[[], bool] = lambda: False,
+) -> int:
+    """Call `delete_chunk(chunk)` in its own transaction until it deletes less than a chunk
+    (or the stop or the time budget says so); the total deleted."""
+    total = 0
+    while not (stop and stop.is_set()) and not out_of_time():
+        with transaction.atomic(using=using, durable=True):
+            deleted = delete_chunk(chunk)
+        total += deleted
+        if deleted < chunk:
+            break
+    return total
+
+
 def prune_expired_markers(
     using: str,
     cutoff: date,
@@ -379,13 +399,10 @@ def prune_expired_markers(
     chunk: int = PRUNE_CHUNK,
 ) -> int:
     """Delete markers expiring before `cutoff` in bounded chunks, one transaction each."""
-    total = 0
-    while not (stop and stop.is_set()) and not out_of_time():
-        with transaction.atomic(using=using, durable=True):
-            deleted = store.prune_expired_markers(using, cutoff, chunk)
-        total += deleted
-        if deleted < chunk:
-            break
+    total = delete_in_chunks(
+        using, lambda size: store.prune_expired_markers(using, cutoff, size),
+        chunk=chunk, stop=stop, out_of_time=out_of_time,
+    )
     log_event(logger, logging.INFO, "markers pruned", cutoff=cutoff, pruned=total)
     return total
 

@@ -8,12 +8,10 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import transaction
-
 from outbox.metrics import register_outbox_gauges
 from reminders import metrics, store
 from reminders.config import ReminderSettings
-from reminders.cycle import CycleResult, DatabaseErrors
+from reminders.cycle import CycleResult, DatabaseErrors, delete_in_chunks
 from reminders.health import LoopHealth, database_ready
 from reminders.logs import log_event
 from reminders.ops_server import Probes, ops_server_from_env
@@ -27,13 +25,9 @@ RUN_HISTORY_CHUNK = 1_000
 
 def prune_run_history(using: str, cutoff: datetime, *, chunk: int = RUN_HISTORY_CHUNK) -> int:
     """Delete runs that started before `cutoff`, in bounded chunks, one transaction each."""
-    total = 0
-    while True:
-        with transaction.atomic(using=using, durable=True):
-            deleted = store.prune_run_history(using, cutoff, chunk)
-        total += deleted
-        if deleted < chunk:
-            break
+    total = delete_in_chunks(
+        using, lambda size: store.prune_run_history(using, cutoff, size), chunk=chunk
+    )
     log_event(logger, logging.INFO, "run history pruned", cutoff=cutoff, pruned=total)
     return total
 
