@@ -15,7 +15,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -32,6 +32,7 @@ logger = logging.getLogger("reminders.cycle")
 
 DatabaseErrors = (psycopg.Error, DjangoDatabaseError)
 PRUNE_CHUNK = 5_000
+ABANDONED_AFTER_MIN = timedelta(hours=1)
 
 Clock = Callable[[], float]
 Progress = Callable[[int, int], None]
@@ -208,6 +209,10 @@ class Cycle:
     def _remind_and_prune(self) -> None:
         result = self.result
         if not self.dry_run:
+            # A killed process never records its end: close such runs once no cycle could
+            # still be going (twice the budget, and at least an hour).
+            store.close_abandoned_runs(
+                self.using, max(2 * self.settings.max_run_duration, ABANDONED_AFTER_MIN))
             store.start_run(
                 self.using, result.run_id, self.as_of, self.settings.thresholds,
                 socket.gethostname(),

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from datetime import date, datetime
+from datetime import date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -225,6 +225,13 @@ def count_expired_markers(using: str, cutoff: date) -> int:
         cur.execute(query("count_expired_markers"), {"cutoff": cutoff})
         row = _one(cur)
     return int(row[0])
+
+
+def close_abandoned_runs(using: str, older_than: timedelta) -> int:
+    """Record runs still `running` after `older_than` as failed; how many there were."""
+    with _cursor(using) as cur:
+        cur.execute(query("close_abandoned_runs"), {"older_than": older_than})
+        return cur.rowcount
 
 
 def start_run(

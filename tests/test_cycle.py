@@ -383,3 +383,19 @@ def test_every_run_is_recorded_with_its_counters(
         "succeeded", 1, 1, 2)
     assert row.finished_at is not None and row.as_of == AS_OF
     assert row.finished_at >= row.started_at and row.started_at <= datetime.now(UTC)
+
+
+def test_a_run_left_running_by_a_killed_process_is_closed_as_failed(
+    run: CycleRunner, documents: Documents
+) -> None:
+    killed, recent = uuid.uuid4(), uuid.uuid4()
+    ReminderRun.objects.create(run_id=killed, as_of=AS_OF, status="running", thresholds="30",
+                               started_at=datetime.now(UTC) - timedelta(hours=3))
+    ReminderRun.objects.create(run_id=recent, as_of=AS_OF, status="running", thresholds="30",
+                               started_at=datetime.now(UTC) - timedelta(minutes=5))
+
+    run(AS_OF)
+
+    closed = ReminderRun.objects.get(run_id=killed)
+    assert closed.status == "failed" and closed.error is not None and "abandoned" in closed.error
+    assert ReminderRun.objects.get(run_id=recent).status == "running"  # may still be going

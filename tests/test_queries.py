@@ -2,7 +2,7 @@
 partial expiry index rather than a scan of the whole documents table."""
 
 import uuid
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -25,6 +25,7 @@ SAMPLE = {
     "host": "h", "status": "succeeded", "reminders_sent": 0, "owners_notified": 0,
     "markers_written": 0, "skipped_already_marked": 0, "pruned": 0, "failed_owners": 0,
     "duration_ms": 0, "error": None, "max_documents_per_event": 500, "unknown_type": "Unknown",
+    "older_than": timedelta(hours=1),
 }
 
 

@@ -207,6 +207,13 @@ where id in (
 -- count_expired_markers: what prune_expired_markers would delete (for --dry-run)
 select count(*) from document_expiry_reminders where expires_at < %(cutoff)s::date;
 
+-- close_abandoned_runs: runs left `running` long past any cycle's budget (their process was killed) are recorded as failed
+update document_expiry_reminder_runs
+set status = 'failed',
+    error = 'abandoned: the process ended without recording the end of its cycle'
+where status = 'running'
+  and started_at < now() - %(older_than)s::interval;
+
 -- start_run: record a cycle as running
 insert into document_expiry_reminder_runs
     (run_id, as_of, started_at, status, thresholds, host)
