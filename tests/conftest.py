@@ -5,7 +5,7 @@ import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from reminders.config import ReminderSettings
 from reminders.cycle import CycleResult, run_cycle
 from reminders.devdb import PERSON_DOCUMENTS_SQL, ROLES_SQL, WORKER_ROLE, apply_sql_file
 from tests.contract import assert_outbox_matches_contract
+from tests.db_roles import as_role
 from tests.factories import DocumentFactory, Documents, insert_documents, make_document
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,16 +46,9 @@ def documents(transactional_db: None) -> Iterator[Documents]:
     _truncate_documents()
 
 
-@contextmanager
-def as_worker() -> Iterator[None]:
+def as_worker() -> AbstractContextManager[None]:
     """Run the block's queries as the worker's least-privilege role."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"set role {WORKER_ROLE}")
-    try:
-        yield
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("reset role")
+    return as_role(WORKER_ROLE)
 
 
 CycleRunner = Callable[..., CycleResult]

@@ -6,7 +6,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,6 +20,7 @@ from outbox.relay import Relay
 from outbox.topic import Record
 from reminders import events
 from reminders.devdb import RELAY_ROLE
+from tests.db_roles import as_role
 
 TOPIC = events.TOPIC
 BASE_TIME = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
@@ -48,16 +49,9 @@ def relay_settings(bootstrap: str, **overrides: Any) -> RelaySettings:
     return base.with_overrides(**overrides)
 
 
-@contextmanager
-def as_relay() -> Iterator[None]:
+def as_relay() -> AbstractContextManager[None]:
     """Run the block's queries (this thread's connection) as the relay's role."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"set role {RELAY_ROLE}")
-    try:
-        yield
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("reset role")
+    return as_role(RELAY_ROLE)
 
 
 def event_payload(owner: str, seq: int) -> dict[str, Any]:
