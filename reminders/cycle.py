@@ -276,13 +276,11 @@ class Cycle:
 
     def _in_transaction(self, owner_ids: list[uuid.UUID]) -> _BatchOutcome:
         if self.dry_run:
-            return self._plan_and_claim(owner_ids)
-        with transaction.atomic(using=self.using, durable=True):
-            return self._plan_and_claim(owner_ids)
-
-    def _plan_and_claim(self, owner_ids: list[uuid.UUID]) -> _BatchOutcome:
-        if self.dry_run:
             return self._plan_only(owner_ids)
+        with transaction.atomic(using=self.using, durable=True):
+            return self._claim(owner_ids)
+
+    def _claim(self, owner_ids: list[uuid.UUID]) -> _BatchOutcome:
         # The rules run inside the claim statement (they mirror rules.decide, tested alike),
         # so no document travels to the worker and back: Python stays off the per-row path.
         claimed = store.claim_batch(
