@@ -189,7 +189,8 @@ def main() -> int:
     from django.core.management import call_command
     from django.test.utils import setup_test_environment
 
-    from reminders.devdb import PERSON_DOCUMENTS_SQL, apply_sql_file
+    from core.db import apply_sql_file
+    from devtools.demo_data import PERSON_DOCUMENTS_SQL
 
     setup_test_environment()  # lets the test client through ALLOWED_HOSTS
     call_command("migrate", verbosity=0)

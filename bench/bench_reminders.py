@@ -33,10 +33,11 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 
 from bench import dataset, worker
+from core.queries import load
+from core.roles import ROLES_SQL, WORKER_ROLE
+from devtools.demo_data import PERSON_DOCUMENTS_SQL
 from reminders import events, rules
 from reminders.config import ReminderSettings
-from reminders.devdb import PERSON_DOCUMENTS_SQL, ROLES_SQL, WORKER_ROLE
-from reminders.queries import load
 from reminders.store import QUERIES_FILE
 
 BENCH_SQL = Path(__file__).parent / "sql" / "bench.sql"

@@ -16,7 +16,8 @@ from typing import Any
 
 import psycopg
 
-from reminders.devdb import COPY_COLUMNS, DOCUMENT_TYPES, NO_EXPIRY_TYPES, PERSON_DOCUMENTS_SQL
+from devtools.demo_data import COPY_COLUMNS, NO_EXPIRY_TYPES, PERSON_DOCUMENTS_SQL
+from reminders.events import DOCUMENT_TYPES
 
 SHAPES = ("backlog", "steady")
 DEFAULT_SIZES = {"backlog": 1_000_000, "steady": 10_000_000}

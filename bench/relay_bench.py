@@ -70,7 +70,7 @@ def bench_messages(count: int, topic_seed: int = 0) -> list[BenchMessage]:
 
 def load_outbox(messages: list[BenchMessage], topic: str, using: str = "default") -> None:
     """COPY the messages into outbox_messages as unpublished rows."""
-    from reminders.store import raw_connection
+    from core.db import raw_connection
 
     conn = raw_connection(using)
     columns = ("id, aggregate_type, aggregate_id, event_type, contract_version, topic, "
@@ -184,7 +184,7 @@ def measure_db_floor(messages: list[BenchMessage], batch_size: int,
 def measure(events: int, batch_sizes: list[int], linger_ms: int = 5,
             using: str = "default") -> list[Measurement]:
     """Raw producer, then the relay at each batch size, each on a fresh mock cluster topic."""
-    from outbox.mock_kafka import MockKafkaCluster
+    from devtools.mock_kafka import MockKafkaCluster
 
     results = []
     with MockKafkaCluster(3) as cluster:

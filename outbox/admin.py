@@ -13,16 +13,29 @@ from django.contrib import admin, messages
 from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from core.admin import OverviewCard, ReadOnlyAdmin, exact_uuid_filter
 from outbox import store as outbox_store
 from outbox.models import OutboxMessage
-from reminders.admin import ReadOnlyAdmin
-from reminders.admin_paging import EstimatedCountPaginator, exact_uuid_filter
 
 REQUEUE_PERMISSION = "outbox.requeue_outboxmessage"
 ERROR_PREVIEW_CHARS = 80
+
+
+def backlog_card() -> OverviewCard:
+    """The outbox's card on the admin overview: the one backlog query's numbers."""
+    backlog = outbox_store.backlog("default")
+    lines = [f"unpublished, {backlog.parked} parked"]
+    if backlog.oldest_created_at is not None:
+        lines.append(f"oldest from {backlog.oldest_created_at:%Y-%m-%d %H:%M} UTC")
+    return OverviewCard(
+        id="overview-outbox", title="Outbox", value=backlog.unpublished, lines=tuple(lines),
+        link_url=reverse("admin:outbox_outboxmessage_changelist") + "?delivery=unpublished",
+        link_text="Unpublished messages",
+    )
 
 
 class DeliveryStateFilter(admin.SimpleListFilter):
@@ -61,9 +74,6 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
                     "error_preview", "parked")
     list_filter = (DeliveryStateFilter,)
     ordering = ("-created_at",)
-    paginator = EstimatedCountPaginator
-    show_full_result_count = False
-    show_facets = admin.ShowFacets.NEVER
     search_fields = ("=id", "=message_key")
     search_help_text = "Paste a message id or an owner id (the message key), as an exact UUID."
     actions = ("requeue_parked",)

@@ -7,3 +7,12 @@ class OutboxConfig(AppConfig):
     name = "outbox"
     verbose_name = "Outbox"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from core import admin, gauges
+        from outbox.admin import backlog_card
+        from outbox.metrics import outbox_gauges
+
+        # Whoever serves metrics or the admin overview shows the outbox backlog, unaware of this app.
+        gauges.offer("outbox", outbox_gauges)
+        admin.offer_card("outbox", backlog_card)

@@ -4,9 +4,9 @@ import os
 
 from django.core.management.base import CommandError
 
+from core.commands import EXIT_USAGE
+from core.config import ConfigError
 from outbox.config import RelaySettings, load_relay_settings
-from reminders.cli import EXIT_USAGE
-from reminders.config import ConfigError
 
 EXIT_OK = 0
 EXIT_NOT_ALL_DELIVERED = 1

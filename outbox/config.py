@@ -1,18 +1,27 @@
-"""The relay's settings, parsed from the environment and validated before any database or
-Kafka work, the way `reminders.config` does it: every problem raises `ConfigError` naming the
-variable, and the commands turn it into one line on stderr and exit code 2."""
+"""The relay's settings (KAFKA_BOOTSTRAP_SERVERS, OUTBOX_*), read and validated through
+core.config before any database or Kafka work: a bad value raises ConfigError naming it."""
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
-from reminders.config import ConfigError, parse_duration, parse_positive_int
+from core.config import (
+    MAX_COUNT,
+    ConfigError,
+    Environment,
+    Parser,
+    Settings,
+    parse_duration,
+    parse_duration_or_zero,
+    parse_positive_int,
+)
 
 BOOTSTRAP_VAR = "KAFKA_BOOTSTRAP_SERVERS"
 
 
 @dataclass(frozen=True, slots=True)
-class RelaySettings:
+class RelaySettings(Settings):
     """What the relay needs; docs/outbox-relay.md explains each value."""
 
     bootstrap_servers: str = ""
@@ -27,10 +36,6 @@ class RelaySettings:
     backoff_max: timedelta = timedelta(minutes=1)
     linger: timedelta = timedelta(milliseconds=5)
 
-    def with_overrides(self, **changes: object) -> "RelaySettings":
-        """A copy with overrides applied (None means keep)."""
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})  # type: ignore[arg-type]
-
 
 def parse_bootstrap(name: str, raw: str) -> str:
     """`host:port[,host:port...]`, each part with a host and a numeric port."""
@@ -44,47 +49,28 @@ def parse_bootstrap(name: str, raw: str) -> str:
     return ",".join(parts)
 
 
-def _millis(name: str, raw: str) -> timedelta:
-    """A duration that may be zero (`0` or `0ms`), for the producer's linger."""
-    if raw.strip() in {"0", "0ms", "0s"}:
-        return timedelta(0)
-    return parse_duration(name, raw)
+# variable -> (settings field, parser): every OUTBOX_* the relay reads.
+VARIABLES: dict[str, tuple[str, Parser[Any]]] = {
+    BOOTSTRAP_VAR: ("bootstrap_servers", parse_bootstrap),
+    "OUTBOX_BATCH_SIZE": ("batch_size", parse_positive_int),
+    "OUTBOX_POLL_INTERVAL": ("poll_interval", parse_duration),
+    "OUTBOX_RETENTION": ("retention", parse_duration),
+    "OUTBOX_MAX_ATTEMPTS": ("max_attempts", parse_positive_int),
+    "OUTBOX_DELIVERY_TIMEOUT": ("delivery_timeout", parse_duration),
+    "OUTBOX_CLAIM_TTL": ("claim_ttl", parse_duration),
+    "OUTBOX_SHUTDOWN_GRACE": ("shutdown_grace", parse_duration),
+    "OUTBOX_BACKOFF_INITIAL": ("backoff_initial", parse_duration),
+    "OUTBOX_BACKOFF_MAX": ("backoff_max", parse_duration),
+    "OUTBOX_LINGER": ("linger", parse_duration_or_zero),
+}
 
 
 def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True) -> RelaySettings:
     """Read KAFKA_BOOTSTRAP_SERVERS and OUTBOX_* from `environ`; defaults for what is unset."""
-    defaults = RelaySettings()
-    bootstrap = ""
-    raw_bootstrap = environ.get(BOOTSTRAP_VAR)
-    if raw_bootstrap is not None:
-        bootstrap = parse_bootstrap(BOOTSTRAP_VAR, raw_bootstrap)
-    elif need_kafka:
+    env = Environment(environ)
+    if need_kafka and env.raw(BOOTSTRAP_VAR) is None:
         raise ConfigError(BOOTSTRAP_VAR, "not set; expected host:port[,host:port...]")
-
-    def duration(name: str, default: timedelta) -> timedelta:
-        raw = environ.get(name)
-        return default if raw is None else parse_duration(name, raw)
-
-    def whole(name: str, default: int) -> int:
-        raw = environ.get(name)
-        return default if raw is None else parse_positive_int(name, raw)
-
-    linger = defaults.linger
-    if (raw := environ.get("OUTBOX_LINGER")) is not None:
-        linger = _millis("OUTBOX_LINGER", raw)
-    settings = RelaySettings(
-        bootstrap_servers=bootstrap,
-        batch_size=whole("OUTBOX_BATCH_SIZE", defaults.batch_size),
-        poll_interval=duration("OUTBOX_POLL_INTERVAL", defaults.poll_interval),
-        retention=duration("OUTBOX_RETENTION", defaults.retention),
-        max_attempts=whole("OUTBOX_MAX_ATTEMPTS", defaults.max_attempts),
-        delivery_timeout=duration("OUTBOX_DELIVERY_TIMEOUT", defaults.delivery_timeout),
-        claim_ttl=duration("OUTBOX_CLAIM_TTL", defaults.claim_ttl),
-        shutdown_grace=duration("OUTBOX_SHUTDOWN_GRACE", defaults.shutdown_grace),
-        backoff_initial=duration("OUTBOX_BACKOFF_INITIAL", defaults.backoff_initial),
-        backoff_max=duration("OUTBOX_BACKOFF_MAX", defaults.backoff_max),
-        linger=linger,
-    )
+    settings = RelaySettings().with_overrides(**env.fields(VARIABLES))
     validate(settings)
     return settings
 
@@ -103,5 +89,5 @@ def validate(settings: RelaySettings) -> None:
             f"must be at least OUTBOX_BACKOFF_INITIAL ({settings.backoff_initial}), "
             f"got {settings.backoff_max}",
         )
-    if settings.batch_size > 100_000:
-        raise ConfigError("OUTBOX_BATCH_SIZE", f"must be <= 100000, got {settings.batch_size}")
+    if settings.batch_size > MAX_COUNT:
+        raise ConfigError("OUTBOX_BATCH_SIZE", f"must be <= {MAX_COUNT}, got {settings.batch_size}")

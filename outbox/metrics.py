@@ -1,20 +1,15 @@
 """Outbox metrics: the backlog read from the table at scrape time, and the relay's counters.
 
 The relay calls `record_published(n)`, `record_failed(n)` and `record_parked(n)` as delivery
-reports come in; any process serving metrics can `register_outbox_gauges()` (the reminder
-worker does, so the backlog stays visible while the relay is down).
+reports come in. The outbox app offers its backlog gauges through core.gauges (apps.py), so
+any process that serves metrics shows them: the reminder worker does, so the backlog stays
+visible while the relay is down.
 """
 
-from pathlib import Path
+from prometheus_client import Counter
 
-import psycopg
-from prometheus_client import REGISTRY, CollectorRegistry, Counter
-
-from reminders.queries import load
-from reminders.scrape import DatabaseGauges
-from reminders.store import raw_connection
-
-QUERIES_FILE = Path(__file__).parent / "sql" / "metrics.sql"
+from core.gauges import DatabaseGauges
+from outbox import store
 
 UNPUBLISHED = "profile_outbox_unpublished_messages"
 OLDEST_AGE = "profile_outbox_oldest_unpublished_age_seconds"
@@ -53,20 +48,13 @@ def record_parked(n: int = 1) -> None:
 
 
 def read_outbox_backlog(using: str = "default") -> dict[str, float]:
-    """{gauge name: value} from one cheap query on the unpublished rows."""
-    with psycopg.Cursor(raw_connection(using)) as cur:
-        cur.execute(load(QUERIES_FILE)["outbox_backlog"])
-        row = cur.fetchone()
-    unpublished, oldest_age, parked = row if row else (0, 0, 0)
-    return {UNPUBLISHED: float(unpublished), OLDEST_AGE: float(oldest_age), PARKED: float(parked)}
+    """{gauge name: value} from the one backlog query."""
+    backlog = store.backlog(using)
+    return {UNPUBLISHED: float(backlog.unpublished), OLDEST_AGE: backlog.oldest_age_s or 0.0,
+            PARKED: float(backlog.parked)}
 
 
-def register_outbox_gauges(
-    registry: CollectorRegistry = REGISTRY, using: str = "default", refresh_s: float = GAUGE_REFRESH_S
-) -> DatabaseGauges:
-    """Serve the outbox backlog gauges from `registry`, read at most every `refresh_s` seconds."""
-    collector = DatabaseGauges(
-        GAUGES, lambda: read_outbox_backlog(using), refresh_s=refresh_s, using=using
-    )
-    registry.register(collector)
-    return collector
+def outbox_gauges(using: str = "default", refresh_s: float = GAUGE_REFRESH_S) -> DatabaseGauges:
+    """The outbox backlog gauges, read at most every `refresh_s` seconds (not registered)."""
+    return DatabaseGauges(GAUGES, lambda: read_outbox_backlog(using), refresh_s=refresh_s,
+                          using=using)

@@ -19,20 +19,18 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import psycopg
 from confluent_kafka import KafkaError, KafkaException, Producer
-from django.db import Error as DjangoDatabaseError
 from django.db import connections
 
+from core.db import DatabaseErrors, backoff_delay
+from core.health import Heartbeat
+from core.logs import log_event
 from outbox import kafka, metrics, store
 from outbox.config import RelaySettings
 from outbox.wakeup import Wakeup
-from reminders.health import Heartbeat
-from reminders.logs import log_event
 
 logger = logging.getLogger("outbox.relay")
 
-DatabaseErrors = (psycopg.Error, DjangoDatabaseError)
 PRUNE_CHUNK = 5_000
 PRUNE_EVERY_S = 600.0
 # Extra time past the producer's own delivery timeout before the relay stops waiting.
@@ -42,13 +40,6 @@ FLUSH_SLICE_S = 0.2
 PIPELINE_DEPTH = 2
 
 Wait = Callable[[float], object]
-
-
-def backoff_delay(failures: int, initial: timedelta, cap: timedelta, rng: random.Random) -> float:
-    """Seconds to wait after `failures` consecutive failures: doubling from `initial`, capped at
-    `cap`, with jitter over the upper half so that relays do not retry in lockstep."""
-    ceiling = min(cap.total_seconds(), initial.total_seconds() * 2 ** max(0, failures - 1))
-    return rng.uniform(ceiling / 2, ceiling)
 
 
 @dataclass(slots=True)

@@ -12,20 +12,16 @@ from typing import Any
 
 import psycopg
 
-from reminders.queries import load
-from reminders.store import raw_connection
+from core.db import one, raw_connection, server_cursor
+from core.queries import QueryFile
 
 QUERIES_FILE = Path(__file__).parent / "sql" / "queries.sql"
+QUERIES = QueryFile(QUERIES_FILE)
 
 
 def query(name: str) -> str:
     """The SQL of a named query."""
-    return load(QUERIES_FILE)[name]
-
-
-def _cursor(using: str) -> psycopg.Cursor[Any]:
-    # A plain psycopg cursor binds parameters on the server (Django's default is client-side).
-    return psycopg.Cursor(raw_connection(using))
+    return QUERIES[name]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,8 +50,12 @@ class Failure:
 
 @dataclass(frozen=True, slots=True)
 class Backlog:
+    """The outbox backlog (query `outbox_backlog`): messages waiting for the relay, parked
+    ones apart, and the oldest waiting one."""
+
     unpublished: int
     parked: int
+    oldest_created_at: datetime | None
     oldest_age_s: float | None
 
 
@@ -80,7 +80,7 @@ def relax_commit_durability(using: str) -> psycopg.Connection[Any]:
 
 def claim_batch(using: str, *, batch_size: int, lease: timedelta, relay_id: str) -> list[ClaimedMessage]:
     """Lease up to `batch_size` deliverable rows (per key only its oldest), committed at once."""
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(
             query("claim_batch"), {"batch_size": batch_size, "lease": lease, "relay_id": relay_id}
         )
@@ -100,7 +100,7 @@ def mark_published(using: str, ids: Sequence[uuid.UUID]) -> int:
     """Record delivered rows; the number marked (a row another relay already marked is skipped)."""
     if not ids:
         return 0
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(query("mark_published"), {"ids": list(ids)})
         return cur.rowcount
 
@@ -109,7 +109,7 @@ def release_claims(using: str, ids: Sequence[uuid.UUID], relay_id: str) -> int:
     """Hand this relay's claimed rows back, unpublished and with no attempt counted."""
     if not ids:
         return 0
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(query("release_claims"), {"ids": list(ids), "relay_id": relay_id})
         return cur.rowcount
 
@@ -118,7 +118,7 @@ def record_failures(using: str, failures: Sequence[Failure], max_attempts: int) 
     """Count a failed attempt per row and delay its retry; the ids that got parked."""
     if not failures:
         return []
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(
             query("record_failures"),
             {
@@ -133,28 +133,28 @@ def record_failures(using: str, failures: Sequence[Failure], max_attempts: int) 
 
 def prune_published(using: str, retention: timedelta, chunk: int) -> int:
     """Delete up to `chunk` rows published longer than `retention` ago; the number deleted."""
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(query("prune_published"), {"retention": retention, "chunk": chunk})
         return cur.rowcount
 
 
 def list_parked(using: str, limit: int) -> list[ParkedMessage]:
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(query("list_parked"), {"limit": limit})
         return [ParkedMessage(*r) for r in cur.fetchall()]
 
 
 def requeue_parked(using: str, ids: Sequence[uuid.UUID] | None) -> list[uuid.UUID]:
     """Make parked rows deliverable again with fresh attempts: `ids`, or all when None."""
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(query("requeue_parked"), {"all": ids is None, "ids": list(ids or [])})
         return [r[0] for r in cur.fetchall()]
 
 
 def backlog(using: str) -> Backlog:
-    with _cursor(using) as cur:
+    """The outbox backlog now (one aggregate row)."""
+    with server_cursor(using) as cur:
         cur.execute(query("outbox_backlog"))
-        row = cur.fetchone()
-    if row is None:
-        return Backlog(0, 0, None)
-    return Backlog(int(row[0]), int(row[1]), None if row[2] is None else float(row[2]))
+        unpublished, parked, oldest_created_at, oldest_age_s = one(cur)
+    return Backlog(int(unpublished), int(parked), oldest_created_at,
+                   None if oldest_age_s is None else float(oldest_age_s))

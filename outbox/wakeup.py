@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from django.db import connections
 
-from reminders.logs import log_event
+from core.logs import log_event
 
 logger = logging.getLogger("outbox.wakeup")
 

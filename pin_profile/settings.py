@@ -1,19 +1,20 @@
-"""Settings of the pin_profile project, read from the environment (django-environ).
+"""Settings of the pin_profile project, read from the environment through core.config
+(django-environ): a bad value is a ConfigError naming the variable (manage.py: exit 2).
 
-Only what Django itself needs lives here. The worker's own settings
-(REMINDER_*) are parsed and validated by `reminders.config`, so that a bad
-value fails the command with a clear message instead of at import time.
+Only what Django itself needs lives here. The worker's own settings (REMINDER_*) and the
+relay's (OUTBOX_*) are read by `reminders.config` and `outbox.config`, so that a bad value
+fails the command with a clear message instead of at import time. Development and demo
+tools are not installed here: pin_profile/settings_dev.py adds them.
 """
 
 import warnings
 from pathlib import Path
 
-import environ
-from django.core.exceptions import ImproperlyConfigured
+from core.config import ConfigError, Environment, choice_parser, parse_non_negative_int
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
-env = environ.Env()
+env = Environment()
 
 SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="dev-only-insecure-key-change-me")
 DEBUG = env.bool("DJANGO_DEBUG", default=False)
@@ -26,6 +27,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "core",
     "reminders",
     "outbox",
 ]
@@ -64,35 +66,28 @@ DB_SCHEMA = "profile"
 DATABASE_URL = env.str("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/pin_profile")
 
 
-def _env_int(name: str, default: int) -> int:
-    """A whole-number setting >= 0; a bad value is a configuration error naming it."""
-    raw = env.str(name, default=str(default)).strip()
-    if not raw.isascii() or not raw.isdigit():
-        raise ImproperlyConfigured(f"{name}: expected a whole number >= 0, got {raw!r}")
-    return int(raw)
-
-
 # A malformed URL is a configuration error naming DATABASE_URL (exit 2 in manage.py).
 try:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # django-environ warns before we explain
         _db = env.db_url_config(DATABASE_URL)
 except ValueError as exc:
-    raise ImproperlyConfigured(f"DATABASE_URL: {exc}") from None
+    raise ConfigError("DATABASE_URL", str(exc)) from None
 if _db.get("ENGINE") != "django.db.backends.postgresql":
-    raise ImproperlyConfigured("DATABASE_URL must be a postgres:// URL")
+    raise ConfigError("DATABASE_URL", "must be a postgres:// URL")
 if not _db.get("NAME"):
-    raise ImproperlyConfigured("DATABASE_URL names no database (postgres://user@host:port/NAME)")
+    raise ConfigError("DATABASE_URL", "names no database (postgres://user@host:port/NAME)")
 # Timeouts so that no failure hangs forever (values in milliseconds, PostgreSQL's unit).
 _timeouts = {
-    "statement_timeout": _env_int("DB_STATEMENT_TIMEOUT_MS", 300_000),
-    "lock_timeout": _env_int("DB_LOCK_TIMEOUT_MS", 60_000),
-    "idle_in_transaction_session_timeout": _env_int("DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", 120_000),
+    "statement_timeout": env.parsed("DB_STATEMENT_TIMEOUT_MS", parse_non_negative_int, 300_000),
+    "lock_timeout": env.parsed("DB_LOCK_TIMEOUT_MS", parse_non_negative_int, 60_000),
+    "idle_in_transaction_session_timeout": env.parsed(
+        "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", parse_non_negative_int, 120_000),
 }
 _db["OPTIONS"] = {
     "options": f"-c search_path={DB_SCHEMA},public "
     + " ".join(f"-c {name}={value}" for name, value in _timeouts.items()),
-    "connect_timeout": _env_int("DB_CONNECT_TIMEOUT_S", 10),
+    "connect_timeout": env.parsed("DB_CONNECT_TIMEOUT_S", parse_non_negative_int, 10),
     "application_name": env.str("DB_APPLICATION_NAME", default="pin-profile-reminders"),
 }
 _db["CONN_HEALTH_CHECKS"] = True
@@ -119,26 +114,19 @@ STATIC_ROOT = BASE_DIR / "artifacts" / "static"
 # PostgreSQL allows 63.
 SILENCED_SYSTEM_CHECKS = ["models.E034"]
 
-LOG_FORMAT = env.str("LOG_FORMAT", default="auto")  # auto | json | text
-LOG_LEVEL = env.str("LOG_LEVEL", default="INFO")
-if LOG_FORMAT not in {"auto", "json", "text"}:
-    raise ImproperlyConfigured(f"LOG_FORMAT: expected auto, json or text, got {LOG_FORMAT!r}")
-if LOG_LEVEL.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
-    raise ImproperlyConfigured(
-        f"LOG_LEVEL: expected DEBUG, INFO, WARNING, ERROR or CRITICAL, got {LOG_LEVEL!r}")
-LOG_LEVEL = LOG_LEVEL.upper()
+LOG_FORMAT = env.parsed("LOG_FORMAT", choice_parser("auto", "json", "text"), "auto")
+LOG_LEVEL = env.parsed(
+    "LOG_LEVEL", choice_parser("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL", upper=True), "INFO")
+# One handler: records go through a queue to a thread that formats and writes them (core.logs).
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {
-        "structured": {"()": "reminders.logs.StructuredFormatter", "fmt": LOG_FORMAT},
-    },
     "handlers": {
-        "stderr": {"class": "logging.StreamHandler", "formatter": "structured"},
+        "stderr": {"()": "core.logs.QueuedStderrHandler", "fmt": LOG_FORMAT},
     },
     "loggers": {
-        "reminders": {"handlers": ["stderr"], "level": LOG_LEVEL, "propagate": False},
-        "outbox": {"handlers": ["stderr"], "level": LOG_LEVEL, "propagate": False},
+        app: {"handlers": ["stderr"], "level": LOG_LEVEL, "propagate": False}
+        for app in ("core", "reminders", "outbox", "devtools")
     },
     "root": {"handlers": ["stderr"], "level": "WARNING"},
 }

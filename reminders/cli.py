@@ -7,11 +7,11 @@ from typing import TextIO
 
 from django.core.management.base import CommandError
 
-from reminders.config import ConfigError, ReminderSettings, load_settings
+from core.commands import EXIT_FAILED, EXIT_USAGE
+from core.config import ConfigError
+from reminders.config import ReminderSettings, load_settings
 
-EXIT_OK = 0
-EXIT_OWNERS_FAILED = 1
-EXIT_USAGE = 2
+EXIT_OWNERS_FAILED = EXIT_FAILED
 
 
 def settings_from_env() -> ReminderSettings:

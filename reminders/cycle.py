@@ -18,19 +18,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
-import psycopg
-from django.db import Error as DjangoDatabaseError
 from django.db import connections, transaction
 
+from core.db import DatabaseErrors, connection_alive, delete_in_chunks
+from core.logs import log_event
 from reminders import events, rules, store
 from reminders.background_log import BackgroundLog
 from reminders.config import ReminderSettings
-from reminders.logs import log_event
 from reminders.models import ReminderRun
 
 logger = logging.getLogger("reminders.cycle")
 
-DatabaseErrors = (psycopg.Error, DjangoDatabaseError)
 PRUNE_CHUNK = 5_000
 ABANDONED_AFTER_MIN = timedelta(hours=1)
 
@@ -96,12 +94,6 @@ class _BatchOutcome:
 
 class ConnectionLostError(Exception):
     """The database connection was lost mid-cycle; the cycle ends as failed."""
-
-
-def _connection_alive(using: str) -> bool:
-    wrapper = connections[using]
-    raw = wrapper.connection
-    return raw is not None and not raw.closed and wrapper.is_usable()
 
 
 def owner_batches(
@@ -259,7 +251,7 @@ class Cycle:
         try:
             outcome = self._in_transaction(owner_ids)
         except DatabaseErrors:
-            if not _connection_alive(self.using):
+            if not connection_alive(self.using):
                 self._fail_owners(owner_ids, "connection lost")
                 raise ConnectionLostError("database connection lost") from None
             log_event(logger, logging.WARNING, "batch failed, retrying owner by owner",
@@ -269,7 +261,7 @@ class Cycle:
                     self._account(self._in_transaction([owner_id]), owners=1)
                 except DatabaseErrors as exc:
                     self._fail_owners([owner_id], f"{type(exc).__name__}: {exc}".strip())
-                    if not _connection_alive(self.using):
+                    if not connection_alive(self.using):
                         raise ConnectionLostError("database connection lost") from None
             return
         self._account(outcome, owners=len(owner_ids))
@@ -362,7 +354,7 @@ class Cycle:
             return
         result = self.result
         try:
-            if not _connection_alive(self.using):
+            if not connection_alive(self.using):
                 connections[self.using].close()
             store.finish_run(
                 self.using, result.run_id, status=result.status, counters=result.counters(),
@@ -371,26 +363,6 @@ class Cycle:
         except DatabaseErrors:
             log_event(logger, logging.WARNING, "could not record the end of the cycle",
                       run_id=result.run_id, status=result.status)
-
-
-def delete_in_chunks(
-    using: str,
-    delete_chunk: Callable[[int], int],
-    *,
-    chunk: int,
-    stop: threading.Event | None = None,
-    out_of_time: Callable[[], bool] = lambda: False,
-) -> int:
-    """Call `delete_chunk(chunk)` in its own transaction until it deletes less than a chunk
-    (or the stop or the time budget says so); the total deleted."""
-    total = 0
-    while not (stop and stop.is_set()) and not out_of_time():
-        with transaction.atomic(using=using, durable=True):
-            deleted = delete_chunk(chunk)
-        total += deleted
-        if deleted < chunk:
-            break
-    return total
 
 
 def prune_expired_markers(

@@ -16,6 +16,10 @@ TOPIC = "pin.profile.document-expiry-reminders.v1"
 MAX_DOCUMENTS_PER_EVENT = 500
 
 
+# The document types that expire (docs/design.md, "Data"): the admin's filter and the demo
+# data offer these; the data may hold others, and the event carries whatever type it has.
+DOCUMENT_TYPES = ("Passport", "InternationalPassport", "DriverLicense", "ResidencePermit", "Visa")
+
 # The contract requires a non-empty type; a blank one in the source data goes out as this.
 UNKNOWN_DOCUMENT_TYPE = "Unknown"
 

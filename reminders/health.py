@@ -1,30 +1,21 @@
-"""Liveness and readiness of the worker (`/healthz`, `/readyz`, `check_reminders_health`).
+"""Liveness of the worker (`/healthz`, `check_reminders_health`); readiness (`/readyz`, the
+database answers) is core.health's.
 
 Alive: a successful cycle within `max_silence` (26 h: a daily schedule plus slack), and no
-cycle running longer than its time budget plus a grace (a stuck loop). Ready: the database
-answers.
+cycle running longer than its time budget plus a grace (a stuck loop).
 """
 
 import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from django.db import connections
-
+from core.health import Verdict
 from reminders import store
-from reminders.cycle import DatabaseErrors
-from reminders.scrape import thread_connection
 
 MAX_SILENCE = timedelta(hours=26)
 # A batch can outlive the time budget by at most one statement (statement_timeout, 5 min).
 STUCK_GRACE = timedelta(minutes=10)
 SUCCESSFUL = ("succeeded", "partial", "timed_out")
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    ok: bool
-    reason: str
 
 
 def judge_liveness(
@@ -81,34 +72,6 @@ class LoopHealth:
                 alive_since=self.started_at, running_since=self.running_since,
                 max_run_duration=self.max_run_duration, max_silence=self.max_silence,
             )
-
-
-@dataclass
-class Heartbeat:
-    """Liveness of a loop without a daily success (the relay): it must beat every `timeout`."""
-
-    timeout: timedelta
-    last_beat: datetime = field(default_factory=lambda: datetime.now(UTC))
-
-    def beat(self, now: datetime | None = None) -> None:
-        self.last_beat = now or datetime.now(UTC)
-
-    def liveness(self, now: datetime | None = None) -> Verdict:
-        silent = (now or datetime.now(UTC)) - self.last_beat
-        if silent > self.timeout:
-            return Verdict(False, f"stuck: no loop iteration for {silent}")
-        return Verdict(True, "ok")
-
-
-def database_ready(using: str = "default") -> Verdict:
-    """Does the database answer a trivial query?"""
-    try:
-        with thread_connection(using), connections[using].cursor() as cursor:
-            cursor.execute("select 1")
-            cursor.fetchone()
-    except DatabaseErrors as exc:
-        return Verdict(False, f"database unavailable: {type(exc).__name__}")
-    return Verdict(True, "ok")
 
 
 def liveness_from_history(

@@ -9,23 +9,17 @@ from datetime import UTC, datetime, timedelta
 
 from django.db import connections
 
+from core.db import DatabaseErrors, backoff_delay
+from core.logs import log_event
 from reminders import schedule, store
 from reminders.config import ReminderSettings
-from reminders.cycle import CycleResult, DatabaseErrors
-from reminders.logs import log_event
+from reminders.cycle import CycleResult
 from reminders.models import ReminderRun
 
 logger = logging.getLogger("reminders.loop")
 
 BACKOFF_START = timedelta(seconds=1)
 BACKOFF_CAP = timedelta(minutes=5)
-
-
-def backoff_delay(failures: int, rng: random.Random) -> float:
-    """Seconds to wait after `failures` consecutive failures: doubling, capped, full jitter
-    on the upper half so that a fleet does not retry in lockstep."""
-    ceiling = min(BACKOFF_CAP.total_seconds(), BACKOFF_START.total_seconds() * 2 ** (failures - 1))
-    return rng.uniform(ceiling / 2, ceiling)
 
 
 def run_loop(
@@ -59,7 +53,7 @@ def run_loop(
             stop.wait(max(0.0, (wake - now()).total_seconds()))
         except (*DatabaseErrors, ConnectionError) as exc:
             failures += 1
-            delay = backoff_delay(failures, rng)
+            delay = backoff_delay(failures, BACKOFF_START, BACKOFF_CAP, rng)
             log_event(logger, logging.ERROR, "database unavailable, retrying",
                       error=f"{type(exc).__name__}: {exc}".strip()[:500],
                       attempt=failures, retry_in_s=round(delay, 1))

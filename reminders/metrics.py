@@ -15,11 +15,11 @@ from prometheus_client import (
     disable_created_metrics,
 )
 
+from core.gauges import DatabaseGauges
 from reminders import rules, store
 from reminders.config import ReminderSettings
 from reminders.cycle import CycleResult
 from reminders.models import ReminderRun
-from reminders.scrape import DatabaseGauges
 
 # The `_created` series double every counter's output and no rule or panel reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]

@@ -1,5 +1,6 @@
 """The admin overview: reminders per day per threshold (a bar chart drawn on the server),
-the backlog now, the last cycle and the outbox, read cheaply through the indexes."""
+the backlog now, the last cycle, and the cards other apps offer (the outbox's backlog),
+read cheaply through the indexes."""
 
 import os
 from collections.abc import Iterable, Sequence
@@ -9,15 +10,15 @@ from pathlib import Path
 from typing import Any
 
 from django.db import connection
-from django.db.models import Count, Min, Q
 
-from outbox.models import OutboxMessage
+from core.admin import offered_cards
+from core.config import ConfigError
+from core.queries import QueryFile
 from reminders import rules, store
-from reminders.config import ConfigError, load_settings
+from reminders.config import load_settings
 from reminders.models import ReminderRun
-from reminders.queries import load
 
-ADMIN_QUERIES = Path(__file__).parent / "sql" / "admin.sql"
+ADMIN_QUERIES = QueryFile(Path(__file__).parent / "sql" / "admin.sql")
 CHART_DAYS = 30
 # Most urgent threshold first: alarming red to calm blue.
 PALETTE = ("#ba2121", "#e07b26", "#e0a526", "#417690", "#79aec8", "#a9c7d6")
@@ -32,13 +33,9 @@ WIDTH, HEIGHT = 760, 240
 LEFT, RIGHT, TOP, BOTTOM = 44, 8, 12, 28
 
 
-def admin_query(name: str) -> str:
-    return load(ADMIN_QUERIES)[name]
-
-
 def _rows(name: str, params: dict[str, Any] | None = None) -> list[tuple[Any, ...]]:
     with connection.cursor() as cursor:
-        cursor.execute(admin_query(name), params or {})
+        cursor.execute(ADMIN_QUERIES[name], params or {})
         return list(cursor.fetchall())
 
 
@@ -168,15 +165,6 @@ def backlog_now(now: datetime) -> Backlog:
     return Backlog(window_documents, due)
 
 
-def outbox_backlog() -> dict[str, Any]:
-    """Unpublished and parked messages and the oldest unpublished one (the partial index)."""
-    return OutboxMessage.objects.filter(published_at__isnull=True).aggregate(
-        unpublished=Count("pk"),
-        parked=Count("pk", filter=Q(parked_at__isnull=False)),
-        oldest_created_at=Min("created_at"),
-    )
-
-
 def overview_context(now: datetime) -> dict[str, Any]:
     """Everything the overview page shows."""
     first_day = rules.utc_date(now) - timedelta(days=CHART_DAYS - 1)
@@ -189,6 +177,6 @@ def overview_context(now: datetime) -> dict[str, Any]:
         "backlog": backlog_now(now),
         "last_run": runs.first(),
         "last_success": runs.filter(status__in=SUCCESSFUL_STATUSES).first(),
-        "outbox": outbox_backlog(),
+        "cards": offered_cards(),
         "now": now,
     }

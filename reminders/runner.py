@@ -8,14 +8,16 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from outbox.metrics import register_outbox_gauges
+from core import gauges as offered_gauges
+from core.db import DatabaseErrors, delete_in_chunks
+from core.gauges import DatabaseGauges
+from core.health import database_ready
+from core.logs import log_event
+from core.ops_server import Probes, ops_server_from_env
 from reminders import metrics, store
 from reminders.config import ReminderSettings
-from reminders.cycle import CycleResult, DatabaseErrors, delete_in_chunks
-from reminders.health import LoopHealth, database_ready
-from reminders.logs import log_event
-from reminders.ops_server import Probes, ops_server_from_env
-from reminders.scrape import DatabaseGauges
+from reminders.cycle import CycleResult
+from reminders.health import LoopHealth
 from reminders.tracing import TracedCycle
 
 logger = logging.getLogger("reminders.runner")
@@ -112,10 +114,8 @@ _registered: dict[str, tuple[DatabaseGauges, ...]] = {}
 
 
 def _register_gauges(settings: ReminderSettings, using: str) -> tuple[DatabaseGauges, ...]:
-    # The registry is process-wide: register the database gauges once per process.
+    # The registry is process-wide: register the database gauges once per process. The outbox
+    # backlog comes through core.gauges (offered by the outbox app: visible while the relay is down).
     if using not in _registered:
-        _registered[using] = (
-            metrics.register_backlog_gauge(settings, using=using),
-            register_outbox_gauges(using=using),
-        )
-    return _registered[using]
+        _registered[using] = (metrics.register_backlog_gauge(settings, using=using),)
+    return (*_registered[using], *offered_gauges.install(using))

@@ -14,41 +14,19 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from django.db import connections
 
+from core.db import one, raw_connection, server_cursor
+from core.queries import QueryFile
 from reminders import events
-from reminders.queries import load
 from reminders.rules import Window
 
 QUERIES_FILE = Path(__file__).parent / "sql" / "queries.sql"
+QUERIES = QueryFile(QUERIES_FILE)
 
 
 def query(name: str) -> str:
     """The SQL of a named query."""
-    return load(QUERIES_FILE)[name]
-
-
-def raw_connection(using: str) -> psycopg.Connection[Any]:
-    """The live psycopg connection behind a Django alias (connecting if needed)."""
-    wrapper = connections[using]
-    wrapper.ensure_connection()
-    conn = wrapper.connection
-    if conn is None:
-        raise psycopg.InterfaceError(f"no connection for database alias {using!r}")
-    return conn  # type: ignore[no-any-return]
-
-
-def _one(cur: psycopg.Cursor[Any]) -> tuple[Any, ...]:
-    """The single row a statement must return."""
-    row = cur.fetchone()
-    if row is None:
-        raise psycopg.ProgrammingError("the statement returned no row")
-    return tuple(row)
-
-
-def _cursor(using: str) -> psycopg.Cursor[Any]:
-    # A plain psycopg cursor binds parameters on the server (Django's default is client-side).
-    return psycopg.Cursor(raw_connection(using))
+    return QUERIES[name]
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,9 +75,9 @@ def window_census(
     using: str, window: Window, thresholds: Sequence[int], as_of_date: date
 ) -> tuple[int, int]:
     """(documents in the window, of which due): the backlog, outside a cycle."""
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(query("window_census"), _window_params(window, thresholds, as_of_date))
-        row = _one(cur)
+        row = one(cur)
     return int(row[0]), int(row[1])
 
 
@@ -158,7 +136,7 @@ def batch_documents(
     using: str, owner_ids: Sequence[uuid.UUID], window: Window
 ) -> list[DocumentRow]:
     """The window documents of `owner_ids` (all of them, due or not), with their markers."""
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(
             query("batch_documents"),
             {"owner_ids": list(owner_ids), "window_start": window.start, "window_end": window.end},
@@ -199,7 +177,7 @@ def claim_batch(
         "max_documents_per_event": max_documents_per_event,
         "unknown_type": events.UNKNOWN_DOCUMENT_TYPE,
     }
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(query("claim_batch"), params, binary=True)
         rows = cur.fetchall()
     if not rows:
@@ -215,21 +193,21 @@ def claim_batch(
 
 def prune_expired_markers(using: str, cutoff: date, chunk: int) -> int:
     """Delete up to `chunk` markers whose expiry date is before `cutoff`; the number deleted."""
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(query("prune_expired_markers"), {"cutoff": cutoff, "chunk": chunk})
         return cur.rowcount
 
 
 def count_expired_markers(using: str, cutoff: date) -> int:
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(query("count_expired_markers"), {"cutoff": cutoff})
-        row = _one(cur)
+        row = one(cur)
     return int(row[0])
 
 
 def close_abandoned_runs(using: str, older_than: timedelta) -> int:
     """Record runs still `running` after `older_than` as failed; how many there were."""
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(query("close_abandoned_runs"), {"older_than": older_than})
         return cur.rowcount
 
@@ -237,7 +215,7 @@ def close_abandoned_runs(using: str, older_than: timedelta) -> int:
 def start_run(
     using: str, run_id: uuid.UUID, as_of: datetime, thresholds: Sequence[int], host: str
 ) -> None:
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(
             query("start_run"),
             {
@@ -251,7 +229,7 @@ def start_run(
 
 def finish_run(using: str, run_id: uuid.UUID, *, status: str, counters: dict[str, int],
                duration_ms: int, error: str | None) -> None:
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(
             query("finish_run"),
             {"run_id": run_id, "status": status, "duration_ms": duration_ms, "error": error,
@@ -261,7 +239,7 @@ def finish_run(using: str, run_id: uuid.UUID, *, status: str, counters: dict[str
 
 def last_successful_run_start(using: str) -> datetime | None:
     """Start of the latest cycle that did its work (succeeded, partial or timed out)."""
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(query("last_successful_run_start"))
         row = cur.fetchone()
     return None if row is None else row[0]
@@ -269,14 +247,14 @@ def last_successful_run_start(using: str) -> datetime | None:
 
 def prune_run_history(using: str, cutoff: datetime, chunk: int) -> int:
     """Delete up to `chunk` runs that started before `cutoff`; the number deleted."""
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(query("prune_run_history"), {"cutoff": cutoff, "chunk": chunk})
         return cur.rowcount
 
 
 def last_successful_run_finish(using: str) -> datetime | None:
     """End of the latest cycle that did its work (succeeded, partial or timed out)."""
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(query("last_successful_run_finish"))
         row = cur.fetchone()
     return None if row is None else row[0]
@@ -292,14 +270,14 @@ class RunRow:
 
 def latest_run(using: str) -> RunRow | None:
     """The most recent cycle of any instance, whatever its status."""
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(query("latest_run"))
         row = cur.fetchone()
     return None if row is None else RunRow(*row)
 
 
 def count_run_history(using: str, cutoff: datetime) -> int:
-    with _cursor(using) as cur:
+    with server_cursor(using) as cur:
         cur.execute(query("count_run_history"), {"cutoff": cutoff})
-        row = _one(cur)
+        row = one(cur)
     return int(row[0])

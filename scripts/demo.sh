@@ -13,6 +13,8 @@ DEMO_DB="${DEMO_DB:-pin_profile_demo}"
 psql "$PG_ADMIN_URL" -qc "drop database if exists $DEMO_DB with (force)" >/dev/null
 psql "$PG_ADMIN_URL" -qc "create database $DEMO_DB" >/dev/null
 export DATABASE_URL; DATABASE_URL=$(database_url "$DEMO_DB")
+# The demo needs the dev tools (mock Kafka, demo data, the documents table): dev settings.
+export DJANGO_SETTINGS_MODULE=pin_profile.settings_dev
 manage() { "$PY" manage.py "$@"; }
 
 echo "== migrate"

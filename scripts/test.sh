@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The test command: lint (ruff), types (mypy strict), then pytest against real PostgreSQL.
+# The test command: lint (ruff), types (mypy strict), the import layers (import-linter), no
+# missing migration (makemigrations --check), then pytest against real PostgreSQL.
 # Installs what it needs (a venv with the pinned requirements; Debian's postgresql if no
 # server answers; Debian's prometheus for the alert-rule and scrape tests). Extra arguments
 # go to pytest, e.g. scripts/test.sh -k cycle.
@@ -21,6 +22,10 @@ echo "== ruff"
 "$VENV/bin/ruff" check .
 echo "== mypy"
 "$VENV/bin/mypy" .
+echo "== import layers"
+"$VENV/bin/lint-imports"
+echo "== migrations"
+DJANGO_SETTINGS_MODULE=pin_profile.settings_dev "$VENV/bin/python" manage.py makemigrations --check --dry-run
 echo "== pytest"
 set +e
 "$VENV/bin/pytest" "$@"

@@ -13,12 +13,14 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from core.db import apply_sql_file
+from core.roles import ROLES_SQL, WORKER_ROLE
+from devtools.demo_data import PERSON_DOCUMENTS_SQL
 from reminders.config import ReminderSettings
 from reminders.cycle import CycleResult, run_cycle
-from reminders.devdb import PERSON_DOCUMENTS_SQL, ROLES_SQL, WORKER_ROLE, apply_sql_file
-from tests.contract import assert_outbox_matches_contract
-from tests.db_roles import as_role
-from tests.factories import DocumentFactory, Documents, insert_documents, make_document
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import as_role
+from tests.support.factories import DocumentFactory, Documents, insert_documents, make_document
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,14 +102,14 @@ def new_uuid() -> uuid.UUID:
 __all__ = ["CycleRunner", "command_env", "insert_documents", "manage_py", "new_uuid"]
 
 # The relay's fixtures (a mock Kafka cluster per test).
-pytest_plugins = ["tests.relay_support"]
+pytest_plugins = ["tests.support.relay_support"]
 
 
 # --- chaos scenarios (issue 7): what each one tried, in the session summary ---------------
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    from tests import chaos_report
+    from tests.support import chaos_report
 
     if chaos_report.lines():
         chaos_report.write()

@@ -1,4 +1,4 @@
--- The benchmark's own SQL (bench/bench_reminders.py), by name, loaded by reminders.queries.load.
+-- The benchmark's own SQL (bench/bench_reminders.py), by name, loaded by core.queries.load.
 -- It runs as the database owner, on a benchmark database only.
 
 -- window_documents: documents in the scan window (what the cycle's census counts)

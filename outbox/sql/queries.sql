@@ -87,10 +87,13 @@ where parked_at is not null
   and (%(all)s or id = any(%(ids)s::uuid[]))
 returning id;
 
--- outbox_backlog: unpublished and parked counts, and the age of the oldest unpublished row
+-- outbox_backlog: the backlog, one meaning for the gauges, the admin overview and the commands: unpublished = waiting for the relay (not published, not parked); parked rows are not waiting, they are counted apart; the oldest is the oldest waiting row (null when none)
+-- It reads only created_at, published_at and parked_at (all the worker's role may read, so
+-- its metrics server can serve it) through the partial index ix_outbox_messages_unpublished.
 select count(*) filter (where parked_at is null) as unpublished,
        count(*) filter (where parked_at is not null) as parked,
-       extract(epoch from now() - min(created_at)) as oldest_age_s
+       min(created_at) filter (where parked_at is null) as oldest_created_at,
+       extract(epoch from now() - min(created_at) filter (where parked_at is null)) as oldest_age_s
 from outbox_messages
 where published_at is null;
 

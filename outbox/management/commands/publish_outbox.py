@@ -8,16 +8,16 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from core import gauges
+from core.commands import EXIT_USAGE, stop_on_signals
+from core.config import ConfigError, parse_positive_int
+from core.db import DatabaseErrors
+from core.health import Heartbeat, database_ready
+from core.ops_server import Probes, ops_server_from_env
 from outbox import store
 from outbox.cli import EXIT_NOT_ALL_DELIVERED, relay_settings_from_env
 from outbox.config import RelaySettings, validate
-from outbox.metrics import register_outbox_gauges
-from outbox.relay import DatabaseErrors, Relay, RelayStats
-from reminders.cli import EXIT_USAGE
-from reminders.config import ConfigError, parse_positive_int
-from reminders.health import Heartbeat, database_ready
-from reminders.ops_server import Probes, ops_server_from_env
-from reminders.shutdown import stop_on_signals
+from outbox.relay import Relay, RelayStats
 
 # /healthz fails when the loop has not turned for this long (or 3 poll intervals, if longer).
 HEARTBEAT_MIN = timedelta(minutes=5)
@@ -77,7 +77,7 @@ class Command(BaseCommand):
         except ConfigError as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from None
         if server is not None:
-            register_outbox_gauges()
+            gauges.install()
             server.start()
         try:
             Relay(settings, stop=stop, heartbeat=beat).run_loop()

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from core.commands import EXIT_USAGE
 from outbox import store
-from reminders.cli import EXIT_USAGE
 
 
 class Command(BaseCommand):

@@ -4,8 +4,8 @@ from argparse import ArgumentParser
 from typing import Any
 
 from django.core.management.base import BaseCommand
-from django.db.models import Count, Q
 
+from outbox import store
 from outbox.models import OutboxMessage
 
 
@@ -16,13 +16,10 @@ class Command(BaseCommand):
         parser.add_argument("--limit", type=int, default=10, help="events to print (10)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        totals = OutboxMessage.objects.aggregate(
-            events=Count("id"), unpublished=Count("id", filter=Q(published_at__isnull=True)),
-            parked=Count("id", filter=Q(published_at__isnull=True, parked_at__isnull=False)),
-        )
+        backlog = store.backlog("default")
         self.stdout.write(
-            f"outbox: {totals['events']} event(s), {totals['unpublished']} unpublished"
-            f" ({totals['parked']} parked: see requeue_outbox)"
+            f"outbox: {OutboxMessage.objects.count()} event(s), {backlog.unpublished} unpublished,"
+            f" {backlog.parked} parked (see requeue_outbox)"
         )
         for message in OutboxMessage.objects.order_by("-created_at", "id")[: options["limit"]]:
             documents = message.payload.get("documents", [])

@@ -5,9 +5,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from reminders.cli import EXIT_USAGE, settings_from_env
-from reminders.config import ConfigError, parse_duration
-from reminders.cycle import DatabaseErrors
+from core.commands import EXIT_USAGE
+from core.config import ConfigError, parse_duration
+from core.db import DatabaseErrors
+from reminders.cli import settings_from_env
 from reminders.health import MAX_SILENCE, liveness_from_history
 
 EXIT_UNHEALTHY = 1

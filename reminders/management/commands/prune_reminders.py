@@ -7,11 +7,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from core.commands import stop_on_signals
 from reminders import rules, store
 from reminders.cli import parse_as_of, settings_from_env
 from reminders.cycle import prune_expired_markers
 from reminders.runner import prune_run_history, run_history_cutoff
-from reminders.shutdown import stop_on_signals
 
 
 class Command(BaseCommand):

@@ -7,19 +7,13 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from reminders.cli import (
-    EXIT_OWNERS_FAILED,
-    EXIT_USAGE,
-    ProgressLine,
-    parse_as_of,
-    settings_from_env,
-)
-from reminders.config import ConfigError, parse_duration, parse_positive_int
+from core.commands import EXIT_USAGE, stop_on_signals
+from core.config import ConfigError, parse_duration, parse_positive_int
+from core.tracing import configure_tracing
+from reminders.cli import EXIT_OWNERS_FAILED, ProgressLine, parse_as_of, settings_from_env
 from reminders.cycle import CycleResult
 from reminders.loop import run_loop
 from reminders.runner import ObservedCycles, observed_loop
-from reminders.shutdown import stop_on_signals
-from reminders.tracing import configure_tracing
 
 FUTURE_TOLERANCE = timedelta(minutes=5)
 

@@ -1,0 +1,68 @@
+"""The base of the project's management commands: exit codes, configuration errors as one
+line and exit 2, and SIGTERM / SIGINT as a stop event.
+
+The first signal asks the command to stop between operations; a second one restores the
+default handler, so an operator can still interrupt it.
+"""
+
+import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from core.config import ConfigError
+from core.logs import log_event
+
+logger = logging.getLogger("core.commands")
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def usage_error(message: str) -> CommandError:
+    """A one-line refusal with exit code 2 (bad options or configuration)."""
+    return CommandError(message, returncode=EXIT_USAGE)
+
+
+class ProjectCommand(BaseCommand):
+    """A management command whose ConfigError, raised anywhere in `handle`, ends it with one
+    line naming the variable (or option) and exit code 2."""
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        try:
+            return super().execute(*args, **options)
+        except ConfigError as exc:
+            # An option's name starts with "--": that is usage, not configuration.
+            message = str(exc) if exc.name.startswith("--") else f"bad configuration: {exc}"
+            raise usage_error(message) from None
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[threading.Event]:
+    """Install the handlers for the duration of the block; yield the stop event they set."""
+    stop = threading.Event()
+    previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+        # The next signal gets the default behaviour: an operator can still kill a stuck stop.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        log_event(logger, logging.WARNING, "stop requested",
+                  signal=signal.Signals(signum).name)
+
+    for sig in _SIGNALS:
+        signal.signal(sig, handle)
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,93 @@
+"""Database plumbing shared by both apps: the psycopg connection behind a Django alias,
+server-binding cursors, the errors that mean "the database failed", chunked deletes and the
+retry backoff."""
+
+import random
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from django.db import Error as DjangoDatabaseError
+from django.db import connections, transaction
+
+# What a database failure looks like, from psycopg directly or through Django.
+DatabaseErrors = (psycopg.Error, DjangoDatabaseError)
+
+
+def raw_connection(using: str) -> psycopg.Connection[Any]:
+    """The live psycopg connection behind a Django alias (connecting if needed)."""
+    wrapper = connections[using]
+    wrapper.ensure_connection()
+    conn = wrapper.connection
+    if conn is None:
+        raise psycopg.InterfaceError(f"no connection for database alias {using!r}")
+    return conn  # type: ignore[no-any-return]
+
+
+def server_cursor(using: str) -> psycopg.Cursor[Any]:
+    """A plain psycopg cursor: it binds parameters on the server (Django's are client-side)."""
+    return psycopg.Cursor(raw_connection(using))
+
+
+def one(cur: psycopg.Cursor[Any]) -> tuple[Any, ...]:
+    """The single row a statement must return."""
+    row = cur.fetchone()
+    if row is None:
+        raise psycopg.ProgrammingError("the statement returned no row")
+    return tuple(row)
+
+
+def connection_alive(using: str) -> bool:
+    """Is the alias's connection open and usable (not lost mid-cycle)?"""
+    wrapper = connections[using]
+    raw = wrapper.connection
+    return raw is not None and not raw.closed and wrapper.is_usable()
+
+
+@contextmanager
+def thread_connection(using: str = "default") -> Iterator[None]:
+    """Run the block on the current thread's connection, closed afterwards off the main thread
+    (the main thread's connection belongs to the loop, or to a test's transaction)."""
+    try:
+        yield
+    finally:
+        if threading.current_thread() is not threading.main_thread():
+            connections[using].close()
+
+
+def apply_sql_file(path: Path, using: str = "default") -> None:
+    """Run a whole SQL script (several statements, no parameters) in one transaction."""
+    conn = raw_connection(using)
+    with conn.transaction(), conn.cursor() as cur:
+        cur.execute(path.read_text(encoding="utf-8").encode())
+
+
+def delete_in_chunks(
+    using: str,
+    delete_chunk: Callable[[int], int],
+    *,
+    chunk: int,
+    stop: threading.Event | None = None,
+    out_of_time: Callable[[], bool] = lambda: False,
+) -> int:
+    """Call `delete_chunk(chunk)` in its own transaction until it deletes less than a chunk
+    (or the stop or the time budget says so); the total deleted."""
+    total = 0
+    while not (stop and stop.is_set()) and not out_of_time():
+        with transaction.atomic(using=using, durable=True):
+            deleted = delete_chunk(chunk)
+        total += deleted
+        if deleted < chunk:
+            break
+    return total
+
+
+def backoff_delay(failures: int, initial: timedelta, cap: timedelta, rng: random.Random) -> float:
+    """Seconds to wait after `failures` consecutive failures: doubling from `initial`, capped at
+    `cap`, with jitter over the upper half so that a fleet does not retry in lockstep."""
+    ceiling = min(cap.total_seconds(), initial.total_seconds() * 2 ** max(0, failures - 1))
+    return rng.uniform(ceiling / 2, ceiling)

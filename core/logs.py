@@ -1,0 +1,120 @@
+"""Structured logging: one JSON object per line under a supervisor, readable text on a terminal.
+
+Log calls name an event and pass its fields; the formatter decides the shape.
+Fields never carry personal data: callers pass ids, types, thresholds and counts
+only (the number mask and the payload never reach a logger).
+
+Records are formatted and written off the caller's thread: `QueuedStderrHandler` hands them
+to a `QueueListener`, so a cycle's line per reminder costs its batch a queue put, and the
+formatting overlaps the next batch's statement (PostgreSQL's wait releases the GIL).
+"""
+
+import copy
+import json
+import logging
+import queue
+import sys
+from datetime import UTC, datetime
+from logging.handlers import QueueHandler, QueueListener
+from typing import Any
+
+_FIELDS = "fields"
+
+
+def log_event(
+    logger: logging.Logger, level: int, event: str, *, exc_info: bool = False, **fields: Any
+) -> None:
+    """Log `event` with structured `fields` (ids, counts, thresholds; never PII)."""
+    if logger.isEnabledFor(level):
+        logger.log(level, event, extra={_FIELDS: fields}, exc_info=exc_info, stacklevel=2)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return str(value)
+
+
+class StructuredFormatter(logging.Formatter):
+    """`fmt` is `json`, `text`, or `auto` (JSON unless stderr is a terminal)."""
+
+    def __init__(self, fmt: str = "auto") -> None:
+        super().__init__()
+        if fmt not in {"auto", "json", "text"}:
+            raise ValueError(f"LOG_FORMAT must be auto, json or text, not {fmt!r}")
+        self.as_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields: dict[str, Any] = getattr(record, _FIELDS, {})
+        when = datetime.fromtimestamp(record.created, tz=UTC)
+        if self.as_json:
+            line: dict[str, Any] = {
+                "ts": when.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                "level": record.levelname.lower(),
+                "logger": record.name,
+                "event": record.getMessage(),
+            }
+            line.update({k: _jsonable(v) for k, v in fields.items()})
+            if exception := self._exception(record):
+                line["exception"] = exception
+            return json.dumps(line, separators=(",", ":"))
+        text = " ".join(f"{k}={_jsonable(v)}" for k, v in fields.items())
+        out = f"{when:%H:%M:%S} {record.levelname:<7} {record.getMessage()}"
+        out = f"{out}  {text}" if text else out
+        if exception := self._exception(record):
+            out = f"{out}\n{exception}"
+        return out
+
+    def _exception(self, record: logging.LogRecord) -> str | None:
+        # A queued record carries its traceback as text already (QueuedStderrHandler.prepare).
+        if record.exc_info:
+            return self.formatException(record.exc_info)
+        return record.exc_text or None
+
+
+class _Listener(QueueListener):
+    def enqueue_sentinel(self) -> None:
+        self.queue.put(self._sentinel)  # type: ignore[attr-defined]  # waits for room, never drops the stop
+
+
+class QueuedStderrHandler(QueueHandler):
+    """Puts records on a bounded queue; a QueueListener thread formats them with
+    StructuredFormatter and writes them to stderr, in the order they were put.
+
+    A full queue makes the caller wait, so memory stays flat however far the writer falls
+    behind; `close()` (logging's shutdown at exit) writes everything still queued.
+    """
+
+    def __init__(self, fmt: str = "auto", backlog: int = 10_000) -> None:
+        super().__init__(queue.Queue(maxsize=backlog))
+        stream = logging.StreamHandler()
+        stream.setFormatter(StructuredFormatter(fmt))
+        self.listener = _Listener(self.queue, stream)
+        self.listener.start()
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        self.queue.put(record)  # type: ignore[attr-defined]
+
+    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
+        """A copy that is safe to format later: message merged, traceback as text."""
+        prepared = copy.copy(record)
+        prepared.msg = record.getMessage()
+        prepared.args = None
+        if record.exc_info:
+            prepared.exc_text = logging.Formatter().formatException(record.exc_info)
+            prepared.exc_info = None
+        return prepared
+
+    def flush(self) -> None:
+        """Wait until every record queued so far is written."""
+        if self.listener._thread is not None:
+            self.queue.join()  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        if self.listener._thread is not None:
+            self.listener.stop()  # writes what is still queued, then ends the thread
+        super().close()

@@ -1,0 +1,20 @@
+"""manage.py apply_db_roles: create the least-privilege roles and their grants."""
+
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from core.db import apply_sql_file
+from core.roles import RELAY_ROLE, ROLES_SQL, WORKER_ROLE
+
+
+class Command(BaseCommand):
+    help = (
+        f"Create the roles {WORKER_ROLE} and {RELAY_ROLE} (if missing) and grant them exactly "
+        "what they need (core/sql/roles.sql). Run as an owner of the schema, after migrate "
+        "and after person_documents exists. Idempotent; sets no passwords."
+    )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        apply_sql_file(ROLES_SQL)
+        self.stdout.write(f"roles {WORKER_ROLE} and {RELAY_ROLE} granted")

@@ -1,0 +1,36 @@
+"""manage.py read_outbox_topic: print the reminder events on the topic, read from its start."""
+
+from argparse import ArgumentParser
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from devtools.topic import read_topic
+from outbox.cli import relay_settings_from_env
+from reminders import events
+
+
+class Command(BaseCommand):
+    help = (
+        "Read the reminder topic from its start (a fresh consumer group, nothing committed) and "
+        "print each event: owner, documents, thresholds; never number masks. Uses "
+        "KAFKA_BOOTSTRAP_SERVERS. Exit codes: 0 done, 2 bad configuration."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("--topic", default=events.TOPIC, help=f"topic ({events.TOPIC})")
+        parser.add_argument("--limit", type=int, default=10, help="events to print (10)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        settings = relay_settings_from_env()
+        records = read_topic(settings.bootstrap_servers, options["topic"])
+        self.stdout.write(f"topic {options['topic']}: {len(records)} event(s) consumed")
+        for record in records[: options["limit"]]:
+            body = record.json()
+            described = ", ".join(
+                f"{d['type']} expires {d['expiresAt']} ({d['thresholdDays']}d threshold, "
+                f"{d['daysLeft']} left)"
+                for d in body.get("documents", [])
+            )
+            self.stdout.write(f"  owner {record.key} [p{record.partition}@{record.offset}, "
+                              f"message {record.message_id[:8]}]: {described}")

@@ -1,0 +1,1 @@
+"""The management commands as subprocesses, against real PostgreSQL."""

@@ -1,0 +1,45 @@
+"""Races: several worker processes started together on the same documents, day after day.
+Insert-wins on the ledger's unique index must leave exactly what one worker alone would."""
+
+import pytest
+
+from reminders.config import DEFAULT_THRESHOLDS
+from tests.support import chaos_report
+from tests.support.chaos import Worker, iso, load_spread_documents
+from tests.support.factories import Documents
+from tests.support.invariants import check_invariants, documents_md5
+from tests.support.ledger import day
+from tests.support.reference import ReferenceLedger, documents_from_database
+
+WORKERS = 4
+DOCUMENTS = 20_000
+DAYS = (-12, -11, -5, -4, 0)  # consecutive days, a gap of a week, and today's as-of
+
+
+@pytest.mark.slow
+def test_four_workers_racing_on_the_same_documents_remind_each_once(
+    documents: Documents,
+) -> None:
+    loaded = load_spread_documents(DOCUMENTS, around=day(DAYS[0]), seed=7)
+    before = documents_md5()
+    docs = documents_from_database()
+    model = ReferenceLedger()
+    split_per_day = []
+    for offset in DAYS:
+        as_of = day(offset)
+        workers = [Worker.start("--as-of", iso(as_of), REMINDER_BATCH_SIZE="200")
+                   for _ in range(WORKERS)]
+        exits = [w.finish(timeout=300) for w in workers]
+        assert [code for code, _ in exits] == [0] * WORKERS, [w.lines[-5:] for w in workers]
+        model.run(docs, as_of, DEFAULT_THRESHOLDS)
+        check_invariants(documents_before=before, model=model)
+        split_per_day.append([w.logged("cycle completed")[0]["owners_notified"] for w in workers])
+
+    events = len(model.events)
+    reminders = sum(len(items) for items in model.events.values())
+    # The race is real: on busy days more than one worker won owners.
+    assert any(sum(1 for n in split if n) > 1 for split in split_per_day), split_per_day
+    chaos_report.record(
+        "races", workers=WORKERS, documents=loaded, days=len(DAYS),
+        runs=WORKERS * len(DAYS), events=events, reminders=reminders,
+        owners_won_per_worker_per_day=split_per_day, lost=0, duplicated=0)

@@ -1,0 +1,147 @@
+"""The whole path under stress: 4 workers racing while 2 relays publish, the broker going down
+in the middle of it, a relay stopped with SIGTERM mid-relaying and replaced. Every event
+reaches the topic (at least once, same message id on a redelivery), in order per owner, and
+the database invariants hold. The relay runs under its least-privilege role."""
+
+import json
+import signal
+import subprocess
+from collections import Counter
+
+import psycopg
+import pytest
+from django.db import connection
+from psycopg import errors
+
+from core.roles import RELAY_ROLE
+from devtools.mock_kafka import MockKafkaCluster
+from devtools.topic import read_topic
+from reminders.config import DEFAULT_THRESHOLDS
+from tests.conftest import command_env, manage_py, test_database_url
+from tests.support import chaos_report
+from tests.support.chaos import Worker, iso, load_spread_documents, outbox_count, scalar, wait_until
+from tests.support.factories import Documents
+from tests.support.invariants import check_invariants, documents_md5
+from tests.support.ledger import day
+from tests.support.reference import ReferenceLedger, documents_from_database
+from tests.support.relay_support import first_seen_order
+
+WORKERS = 4
+RELAYS = 2
+DOCUMENTS = 5_000
+
+
+def start_relay(bootstrap: str) -> subprocess.Popen[str]:
+    env = {k: v for k, v in command_env(RELAY_ROLE).items() if not k.startswith("OUTBOX_")}
+    env.update(KAFKA_BOOTSTRAP_SERVERS=bootstrap, OUTBOX_DELIVERY_TIMEOUT="2s",
+               OUTBOX_CLAIM_TTL="3s", OUTBOX_POLL_INTERVAL="200ms",
+               OUTBOX_BACKOFF_INITIAL="100ms", OUTBOX_BACKOFF_MAX="500ms",
+               OUTBOX_SHUTDOWN_GRACE="2s", OUTBOX_BATCH_SIZE="50")
+    return subprocess.Popen([*manage_py(), "publish_outbox", "--loop"], env=env, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop(relay: subprocess.Popen[str]) -> int:
+    relay.send_signal(signal.SIGTERM)
+    return relay.wait(timeout=60)
+
+
+def unpublished() -> int:
+    return int(scalar("select count(*) from outbox_messages where published_at is null"))
+
+
+def published() -> int:
+    return int(scalar("select count(*) from outbox_messages where published_at is not null"))
+
+
+def race(as_of_offset: int) -> None:
+    workers = [Worker.start("--as-of", iso(day(as_of_offset)), REMINDER_BATCH_SIZE="100")
+               for _ in range(WORKERS)]
+    codes = [w.finish(timeout=300)[0] for w in workers]
+    assert codes == [0] * WORKERS, [w.lines[-3:] for w in workers]
+
+
+@pytest.mark.slow
+def test_workers_and_relays_racing_through_a_broker_outage_and_a_sigterm_lose_nothing(
+    documents: Documents, kafka: MockKafkaCluster,
+) -> None:
+    loaded = load_spread_documents(DOCUMENTS, around=day(-2), seed=41)
+    before = documents_md5()
+    docs = documents_from_database()
+    model = ReferenceLedger()
+    relays = [start_relay(kafka.bootstrap_servers) for _ in range(RELAYS)]
+    sigterm_codes = []
+    try:
+        # Day 1: the broker goes down while the relays publish what the workers write.
+        workers = [Worker.start("--as-of", iso(day(-2)), REMINDER_BATCH_SIZE="100")
+                   for _ in range(WORKERS)]
+        wait_until(lambda: published() >= 50, timeout=120, what="the relays to publish")
+        kafka.set_down()
+        codes = [w.finish(timeout=300)[0] for w in workers]
+        assert codes == [0] * WORKERS, [w.lines[-3:] for w in workers]
+        waiting = unpublished()
+        assert waiting > 0  # the rows wait for the broker
+        stuck_at = published()
+        kafka.set_up()
+        # A relay stopped with SIGTERM while relaying, and replaced.
+        wait_until(lambda: published() > stuck_at, timeout=120, what="publishing to resume")
+        sigterm_codes.append(stop(relays[0]))
+        relays[0] = start_relay(kafka.bootstrap_servers)
+        wait_until(lambda: unpublished() == 0, timeout=180, what="the outbox to drain")
+        model.run(docs, day(-2), DEFAULT_THRESHOLDS)
+
+        # Day 2: racing again, relays running.
+        race(-1)
+        wait_until(lambda: unpublished() == 0, timeout=180, what="the outbox to drain")
+        model.run(docs, day(-1), DEFAULT_THRESHOLDS)
+    finally:
+        sigterm_codes += [stop(relay) for relay in relays]
+
+    assert sigterm_codes == [0] * (RELAYS + 1)
+    check_invariants(documents_before=before, model=model)
+    rows = outbox_rows()
+    records = read_topic(kafka.bootstrap_servers, timeout=60)
+    copies = Counter(r.message_id for r in records)
+    assert set(copies) == set(rows), "lost or unknown messages on the topic"
+    for record in records:
+        assert record.json() == rows[record.message_id][1]
+    expected_order: dict[str, list[str]] = {}
+    for message_id, (key, _payload) in rows.items():  # rows are in (created_at, id) order
+        expected_order.setdefault(key, []).append(message_id)
+    assert first_seen_order(records) == expected_order
+    chaos_report.record(
+        "relay: 4 workers + 2 relays, broker down, SIGTERM", documents=loaded, days=2,
+        worker_runs=2 * WORKERS, relay_processes=RELAYS + 1, broker_outages=1,
+        rows_waiting_during_outage=waiting, relay_sigterms=len(sigterm_codes),
+        events=len(rows), records_on_topic=len(records),
+        redelivered=sum(n - 1 for n in copies.values()), lost=0, out_of_order_keys=0)
+
+
+def outbox_rows() -> dict[str, tuple[str, object]]:
+    """message id -> (key, payload), in the order the worker wrote them."""
+    with connection.cursor() as cursor:
+        cursor.execute("reset role")
+        cursor.execute("select id, message_key, payload from outbox_messages"
+                       " order by created_at, id")
+        return {str(i): (k, json.loads(p) if isinstance(p, str) else p)
+                for i, k, p in cursor.fetchall()}
+
+
+def test_relay_role_reads_no_document_and_writes_no_ledger_or_event(documents: Documents) -> None:
+    documents(expires_at=day(3))
+    refused = 0
+    with psycopg.connect(test_database_url(RELAY_ROLE), autocommit=True) as conn:
+        for sql in (
+            "select id from profile.person_documents limit 1",
+            "select payload_cipher from profile.person_documents limit 1",
+            "update profile.person_documents set type = type",
+            "select * from profile.document_expiry_reminders limit 1",
+            "delete from profile.document_expiry_reminders",
+            "insert into profile.outbox_messages (id) values (gen_random_uuid())",
+        ):
+            with pytest.raises(errors.InsufficientPrivilege):
+                conn.execute(sql)
+            refused += 1
+        assert conn.execute("select count(*) from profile.outbox_messages").fetchone() == (0,)
+    assert outbox_count() == 0
+    chaos_report.record("security (least-privilege relay role)", statements_refused=refused)

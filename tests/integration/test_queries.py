@@ -1,0 +1,70 @@
+"""Every named query parses and plans on the real schema, and the candidate scans use the
+partial expiry index rather than a scan of the whole documents table."""
+
+import uuid
+from datetime import UTC, date, datetime, timedelta
+
+import pytest
+from django.db import connection
+
+from core.db import raw_connection
+from core.queries import load, parse_queries
+from reminders import store
+from reminders.rules import scan_window
+
+TODAY = date(2026, 11, 29)
+WINDOW = scan_window(TODAY, (30, 7, 1, 0), 90)
+SAMPLE = {
+    "window_start": WINDOW.start, "window_end": WINDOW.end, "thresholds": [30, 7, 1, 0],
+    "as_of_date": TODAY, "owner_ids": [uuid.uuid4()], "cutoff": TODAY, "chunk": 10,
+    "m_document_ids": [uuid.uuid4()], "m_owner_ids": [uuid.uuid4()], "m_types": ["Visa"],
+    "m_expires_on": [TODAY], "m_thresholds": [7], "m_notified": [True],
+    "i_document_ids": [uuid.uuid4()], "i_types": ["Visa"], "i_number_masks": [None],
+    "i_expires_on": [TODAY], "i_days_left": [3], "run_id": uuid.uuid4(),
+    "reminded_at": "2026-11-29T03:00:00Z", "aggregate_type": "Profile", "event_type": "E",
+    "contract_version": 1, "topic": "t", "extra_headers": None, "as_of": datetime.now(UTC),
+    "host": "h", "status": "succeeded", "reminders_sent": 0, "owners_notified": 0,
+    "markers_written": 0, "skipped_already_marked": 0, "pruned": 0, "failed_owners": 0,
+    "duration_ms": 0, "error": None, "max_documents_per_event": 500, "unknown_type": "Unknown",
+    "older_than": timedelta(hours=1),
+}
+
+
+def test_parse_queries_splits_named_blocks() -> None:
+    assert parse_queries("-- a: first\nselect 1;\n\n-- b: second\nselect 2;\n") == {
+        "a": "select 1", "b": "select 2"}
+    with pytest.raises(ValueError, match="twice"):
+        parse_queries("-- a: x\nselect 1;\n-- a: y\nselect 2;")
+
+
+@pytest.mark.parametrize("name", sorted(load(store.QUERIES_FILE)))
+def test_query_plans(name: str, db: None) -> None:
+    sql = store.query(name)
+    with raw_connection("default").cursor() as cursor:
+        if sql.lower().startswith("set "):  # a session setting: it runs, it has no plan
+            cursor.execute(sql)
+            return
+        cursor.execute(f"explain {sql}", SAMPLE)
+        assert cursor.fetchall()
+
+
+def _plan(name: str) -> str:
+    with raw_connection("default").cursor() as cursor:
+        cursor.execute("set local enable_seqscan = on")
+        cursor.execute(f"explain {store.query(name)}", SAMPLE)
+        return "\n".join(r[0] for r in cursor.fetchall())
+
+
+@pytest.mark.parametrize("name", ["window_census", "due_owners"])
+def test_candidate_queries_use_the_partial_expiry_index(name: str, db: None) -> None:
+    with connection.cursor() as cursor:  # a table big enough for the planner to care
+        cursor.execute("""
+            insert into person_documents
+            select gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 'Visa', null,
+                   now() + (i % 3650 - 1825) * interval '1 day', 'Active', null, '\\x00',
+                   now(), now()
+            from generate_series(1, 50000) i""")
+        cursor.execute("analyze person_documents")
+    plan = _plan(name)
+    assert "ix_person_documents_expires_at" in plan, plan
+    assert "Seq Scan on person_documents" not in plan, plan

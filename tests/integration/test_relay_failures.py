@@ -1,0 +1,227 @@
+"""The relay when things go wrong: the broker away and back, a message that cannot be
+delivered, re-queueing it, and bad configuration."""
+
+import random
+import threading
+import uuid
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from confluent_kafka import KafkaError
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+from hypothesis import given
+from hypothesis import strategies as st
+
+from core.config import ConfigError
+from core.db import backoff_delay
+from devtools.mock_kafka import MockKafkaCluster
+from devtools.topic import read_topic
+from outbox.config import RelaySettings, load_relay_settings
+from outbox.kafka import broker_unavailable
+from outbox.relay import Relay
+from tests.support.relay_support import (
+    BASE_TIME,
+    RelayThread,
+    as_relay,
+    first_seen_order,
+    insert_outbox,
+    interleaved_rows,
+    outbox_state,
+    relay_settings,
+    unpublished_count,
+    wait_for,
+)
+
+
+def test_broker_down_pauses_with_backoff_and_everything_goes_out_when_it_is_back(
+    transactional_db: None, kafka: MockKafkaCluster
+) -> None:
+    written = interleaved_rows(keys=5, per_key=3)
+    kafka.set_down()
+    settings = relay_settings(kafka.bootstrap_servers, delivery_timeout=timedelta(milliseconds=300),
+                              claim_ttl=timedelta(seconds=5))
+    thread = RelayThread(settings)
+    waits: list[float] = []
+    stop = thread.relay.stop
+
+    def recorded_wait(seconds: float) -> None:
+        waits.append(seconds)
+        stop.wait(seconds)
+
+    thread.relay._wait = recorded_wait
+    thread.start()
+    try:
+        wait_for(lambda: len(waits) >= 5, timeout=30, what="five backoffs while the broker is down")
+        stats = thread.relay.stats
+        # No tight loop: one claim per backoff, each wait longer than the last up to the cap.
+        assert stats.batches <= len(waits) + 1
+        ceilings = [min(0.4, 0.05 * 2 ** n) for n in range(len(waits))]
+        assert all(c / 2 <= w <= c for w, c in zip(waits, ceilings, strict=False))
+        # Nothing was lost or counted against the messages: no attempt burned, none parked.
+        down = outbox_state()
+        assert all(r["published_at"] is None and r["attempts"] == 0 and r["parked_at"] is None
+                   for r in down)
+        assert stats.published == 0 and stats.released >= 5
+
+        kafka.set_up()
+        wait_for(lambda: unpublished_count() == 0, timeout=60, what="every row published")
+    finally:
+        thread.stop_and_join()
+
+    assert all(r["attempts"] == 1 and r["last_error"] is None for r in outbox_state())
+    records = read_topic(kafka.bootstrap_servers)
+    assert first_seen_order(records) == {k: [str(i) for i in ids] for k, ids in written.items()}
+
+
+def test_one_pass_with_the_broker_down_releases_everything_and_reports_it(
+    transactional_db: None,
+) -> None:
+    rows = [insert_outbox(str(uuid.uuid4()), created_at=BASE_TIME) for _ in range(3)]
+    settings = relay_settings("127.0.0.1:9", delivery_timeout=timedelta(milliseconds=300))
+
+    with as_relay():
+        stats = Relay(settings).run_pass()
+
+    assert (stats.batches, stats.released, stats.published, stats.failed) == (1, 3, 0, 0)
+    assert [(r["id"], r["attempts"], r["claimed_by"], r["available_at"]) for r in outbox_state()] \
+        == [(r.id, 0, None, None) for r in sorted(rows, key=lambda r: (r.created_at, r.id))]
+
+
+def test_a_poison_message_is_parked_while_other_keys_flow_and_holds_its_own_key(
+    transactional_db: None, kafka: MockKafkaCluster
+) -> None:
+    poison_key = str(uuid.uuid4())
+    poison = insert_outbox(poison_key, created_at=BASE_TIME,
+                           payload='{"filler": "' + "x" * 1_200_000 + '"}')
+    behind = insert_outbox(poison_key, created_at=BASE_TIME + timedelta(seconds=1), seq=1)
+    others = interleaved_rows(keys=6, per_key=2)
+    settings = relay_settings(kafka.bootstrap_servers, max_attempts=3,
+                              backoff_initial=timedelta(milliseconds=10),
+                              backoff_max=timedelta(milliseconds=20))
+
+    with as_relay():
+        relay = Relay(settings)
+        wait_for(lambda: relay.run_pass().parked == 1, timeout=30, what="the poison to be parked")
+
+    state = {r["id"]: r for r in outbox_state()}
+    assert state[poison.id]["parked_at"] is not None
+    assert state[poison.id]["attempts"] == 3
+    assert "MSG_SIZE_TOO_LARGE" in state[poison.id]["last_error"]
+    assert state[behind.id]["published_at"] is None  # order per key: it waits behind the poison
+    assert all(state[i]["published_at"] is not None for ids in others.values() for i in ids)
+    records = read_topic(kafka.bootstrap_servers)
+    assert first_seen_order(records) == {k: [str(i) for i in ids] for k, ids in others.items()}
+
+    # The operator sees it, fixes it, re-queues it: it goes out, then the row behind it.
+    listing = _call("requeue_outbox")
+    assert str(poison.id) in listing and "holding back 1" in listing
+    fix_payload(poison.id)
+    assert f"re-queued 1 message(s)\n  {poison.id}" in _call("requeue_outbox", "--id", str(poison.id))
+    with as_relay():
+        Relay(settings).run_pass()
+    assert unpublished_count() == 0
+    after = read_topic(kafka.bootstrap_servers)
+    assert first_seen_order(after)[poison_key] == [str(poison.id), str(behind.id)]
+
+
+def fix_payload(message_id: uuid.UUID) -> None:
+    """The operator's fix of a poison row (a payload that fits), done as the table owner."""
+    with connection.cursor() as cursor:
+        cursor.execute("update outbox_messages set payload = %s where id = %s",
+                       ['{"fixed": true}', message_id])
+
+
+def _call(*args: str) -> str:
+    out = StringIO()
+    with as_relay():
+        call_command(*args, stdout=out)
+    return out.getvalue()
+
+
+def test_requeue_of_a_message_that_is_not_parked_fails_with_exit_1(transactional_db: None) -> None:
+    row = insert_outbox(str(uuid.uuid4()), created_at=BASE_TIME)
+    with pytest.raises(CommandError) as raised:
+        _call("requeue_outbox", "--id", str(row.id))
+    assert raised.value.returncode == 1
+    assert str(row.id) in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("environ", "variable"),
+    [
+        ({}, "KAFKA_BOOTSTRAP_SERVERS"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": ""}, "KAFKA_BOOTSTRAP_SERVERS"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "localhost"}, "KAFKA_BOOTSTRAP_SERVERS"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "a:1,b:x"}, "KAFKA_BOOTSTRAP_SERVERS"),
+        ({"OUTBOX_BATCH_SIZE": "0"}, "OUTBOX_BATCH_SIZE"),
+        ({"OUTBOX_BATCH_SIZE": "many"}, "OUTBOX_BATCH_SIZE"),
+        ({"OUTBOX_BATCH_SIZE": "1000000"}, "OUTBOX_BATCH_SIZE"),
+        ({"OUTBOX_POLL_INTERVAL": "0s"}, "OUTBOX_POLL_INTERVAL"),
+        ({"OUTBOX_RETENTION": "a week"}, "OUTBOX_RETENTION"),
+        ({"OUTBOX_MAX_ATTEMPTS": "-1"}, "OUTBOX_MAX_ATTEMPTS"),
+        ({"OUTBOX_DELIVERY_TIMEOUT": "5m"}, "OUTBOX_CLAIM_TTL"),
+        ({"OUTBOX_CLAIM_TTL": "1s"}, "OUTBOX_CLAIM_TTL"),
+        ({"OUTBOX_SHUTDOWN_GRACE": "-3s"}, "OUTBOX_SHUTDOWN_GRACE"),
+        ({"OUTBOX_BACKOFF_INITIAL": "2m"}, "OUTBOX_BACKOFF_MAX"),
+        ({"OUTBOX_LINGER": "soon"}, "OUTBOX_LINGER"),
+    ],
+)
+def test_bad_configuration_names_the_variable(environ: dict[str, str], variable: str) -> None:
+    full = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092", **environ}
+    if not environ:
+        full = {}
+    with pytest.raises(ConfigError) as raised:
+        load_relay_settings(full)
+    assert raised.value.name == variable
+    assert str(raised.value).startswith(f"{variable}: ")
+
+
+def test_configuration_defaults() -> None:
+    settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": " k1:9092, k2:9092 "})
+    assert settings == RelaySettings(bootstrap_servers="k1:9092,k2:9092")
+    assert settings.retention == timedelta(days=7) and settings.batch_size == 500
+
+
+def test_stop_before_a_batch_claims_nothing(transactional_db: None) -> None:
+    insert_outbox(str(uuid.uuid4()), created_at=BASE_TIME)
+    stop = threading.Event()
+    stop.set()
+    with as_relay():
+        assert Relay(relay_settings("127.0.0.1:9"), stop=stop).publish_batch().claimed == 0
+    assert outbox_state()[0]["claimed_by"] is None
+
+
+@pytest.mark.parametrize(
+    ("code", "unavailable"),
+    [
+        (KafkaError._MSG_TIMED_OUT, True),
+        (KafkaError._TRANSPORT, True),
+        (KafkaError._ALL_BROKERS_DOWN, True),
+        (KafkaError.NOT_ENOUGH_REPLICAS, True),
+        (KafkaError._PURGE_INFLIGHT, True),
+        (KafkaError.MSG_SIZE_TOO_LARGE, False),
+        (KafkaError.TOPIC_AUTHORIZATION_FAILED, False),
+        (KafkaError.UNKNOWN_TOPIC_OR_PART, False),
+        (KafkaError._UNKNOWN_TOPIC, False),
+        (KafkaError.INVALID_RECORD, False),
+    ],
+)
+def test_errors_are_told_apart_broker_unavailable_or_message_undeliverable(
+    code: int, unavailable: bool
+) -> None:
+    assert broker_unavailable(KafkaError(code)) is unavailable
+
+
+@given(failures=st.integers(min_value=1, max_value=60), seed=st.integers())
+def test_backoff_doubles_from_the_initial_delay_up_to_the_cap_with_jitter(
+    failures: int, seed: int
+) -> None:
+    initial, cap = timedelta(seconds=1), timedelta(minutes=1)
+    ceiling = min(60.0, 2.0 ** (failures - 1))
+
+    delay = backoff_delay(failures, initial, cap, random.Random(seed))
+
+    assert ceiling / 2 <= delay <= ceiling

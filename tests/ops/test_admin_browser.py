@@ -1,0 +1,145 @@
+"""The admin in a real browser (Debian's chromium, headless) against the live test server:
+a staff viewer logs in, browses and filters the ledger, searches an owner, opens a marker
+read-only, and looks at the overview; a non-staff user only ever gets the login page.
+
+Screenshots go to artifacts/admin-screenshots/ (the path is printed for the CI log)."""
+
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.test import Client
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import WebDriverWait
+
+from reminders.models import DocumentExpiryReminder
+from tests.support.admin_data import PASSWORD, finished_run, ledger_rows, outbox_message, staff_viewer
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "admin-screenshots"
+WAIT_SECONDS = 20
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
+        pytest.fail("chromium/chromedriver missing: scripts/test.sh installs them (scripts/browser.sh)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu",
+                     "--disable-background-networking", "--window-size=1920,1200"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    yield driver
+    driver.quit()
+
+
+def wait(driver: WebDriver) -> WebDriverWait[WebDriver]:
+    return WebDriverWait(driver, WAIT_SECONDS)
+
+
+def screenshot(driver: WebDriver, name: str, capsys: pytest.CaptureFixture[str]) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / name
+    assert driver.save_screenshot(str(path))
+    with capsys.disabled():
+        print(f"\nadmin screenshot: {path}")  # noqa: T201 (the CI log shows where it is)
+    return path
+
+
+def log_in(driver: WebDriver, base_url: str, next_path: str, username: str) -> None:
+    driver.get(base_url + next_path)
+    wait(driver).until(ec.presence_of_element_located((By.ID, "login-form")))
+    driver.find_element(By.ID, "id_username").send_keys(username)
+    driver.find_element(By.ID, "id_password").send_keys(PASSWORD)
+    driver.find_element(By.CSS_SELECTOR, "#login-form input[type=submit]").click()
+
+
+def column(driver: WebDriver, name: str) -> list[str]:
+    return [cell.text for cell in driver.find_elements(By.CSS_SELECTOR, f"#result_list td.field-{name}, "
+                                                                         f"#result_list th.field-{name}")]
+
+
+@pytest.fixture
+def ledger(transactional_db: None) -> dict[str, Any]:
+    today = datetime.now(UTC).replace(hour=3, minute=0, second=0, microsecond=0)
+    owners = []
+    for days_ago in range(0, 30, 3):
+        owners += ledger_rows(2, reminded_at=today - timedelta(days=days_ago), thresholds=(30, 7))
+        ledger_rows(1 + days_ago % 4, reminded_at=today - timedelta(days=days_ago), thresholds=(1, 0))
+    finished_run(today)
+    outbox_message(parked=True, attempts=5, last_error="MSG_SIZE_TOO_LARGE")
+    return {"owner": owners[0], "viewer": staff_viewer()}
+
+
+def test_staff_viewer_browses_the_ledger_read_only(
+    browser: WebDriver, live_server: Any, ledger: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    browser.delete_all_cookies()
+    log_in(browser, live_server.url, "/admin/reminders/documentexpiryreminder/", "viewer")
+    wait(browser).until(ec.presence_of_element_located((By.ID, "result_list")))
+    assert "about" not in browser.find_element(By.CSS_SELECTOR, "p.paginator").text
+    screenshot(browser, "ledger-list.png", capsys)
+
+    browser.find_element(By.LINK_TEXT, "7 days").click()
+    wait(browser).until(ec.url_contains("threshold_days=7"))
+    wait(browser).until(ec.presence_of_element_located((By.ID, "result_list")))
+    thresholds = column(browser, "threshold_days")
+    assert thresholds and set(thresholds) == {"7"}
+
+    owner = ledger["owner"]
+    search = browser.find_element(By.ID, "searchbar")
+    search.clear()
+    search.send_keys(str(owner.owner_user_id))
+    search.submit()
+    wait(browser).until(ec.url_contains(f"q={owner.owner_user_id}"))
+    wait(browser).until(ec.presence_of_element_located((By.ID, "result_list")))
+    assert set(column(browser, "owner_user_id")) == {str(owner.owner_user_id)}
+    assert len(column(browser, "document_id")) == DocumentExpiryReminder.objects.filter(
+        owner_user_id=owner.owner_user_id, threshold_days=7).count() == 2
+
+    browser.find_element(By.CSS_SELECTOR, "#result_list th.field-document_id a").click()
+    wait(browser).until(ec.url_contains("/change/"))
+    wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, "div.readonly")))
+    assert str(owner.owner_user_id) in browser.find_element(By.ID, "content").text
+    assert browser.find_elements(By.CSS_SELECTOR, "input[name=_save], input[name=_continue]") == []
+    assert browser.find_elements(By.CSS_SELECTOR, "a.deletelink, input[name=_addanother]") == []
+    assert browser.find_elements(By.CSS_SELECTOR, "#content form input[type=submit]") == []
+
+    browser.get(live_server.url + "/admin/reminders/documentexpiryreminder/overview/")
+    wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#overview-chart svg rect")))
+    assert "Succeeded" in browser.find_element(By.ID, "overview-last-cycle").text
+    assert "1 parked" in browser.find_element(By.ID, "overview-outbox").text
+    screenshot(browser, "overview.png", capsys)
+
+
+def test_non_staff_user_gets_the_login_page(
+    browser: WebDriver, live_server: Any, transactional_db: None
+) -> None:
+    investor = User.objects.create_user("investor", password=PASSWORD)
+    browser.delete_all_cookies()
+
+    log_in(browser, live_server.url, "/admin/reminders/documentexpiryreminder/", "investor")
+    # The refusal is the answer page's error note (the form page before it has none).
+    note = wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, ".errornote")))
+    assert "staff account" in note.text
+    assert "/admin/login/" in browser.current_url
+
+    # Logged in elsewhere on the site, the admin still only shows the login page.
+    client = Client()
+    client.force_login(investor)
+    browser.add_cookie({"name": "sessionid", "value": client.cookies["sessionid"].value, "path": "/"})
+    browser.get(live_server.url + "/admin/reminders/documentexpiryreminder/overview/")
+    wait(browser).until(ec.url_contains("/admin/login/"))
+    assert browser.find_elements(By.ID, "login-form")
+    assert browser.find_elements(By.ID, "result_list") == []

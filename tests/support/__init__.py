@@ -1,0 +1,1 @@
+"""Helpers of the tests: factories, the ledger, invariants, the reference model, processes."""

@@ -1,0 +1,180 @@
+"""Relay test support: a mock Kafka cluster per test, outbox rows written directly, the relay
+under its least-privilege role, reading a topic back, and waiting on conditions."""
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+
+from core.roles import RELAY_ROLE
+from devtools.mock_kafka import MockKafkaCluster
+from devtools.topic import Record
+from outbox.config import RelaySettings
+from outbox.relay import Relay
+from reminders import events
+from tests.support.db_roles import as_role
+
+TOPIC = events.TOPIC
+BASE_TIME = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+def kafka() -> Iterator[MockKafkaCluster]:
+    """A fresh mock cluster (3 brokers) per test, so topics never leak between tests."""
+    with MockKafkaCluster(3) as cluster:
+        yield cluster
+
+
+def relay_settings(bootstrap: str, **overrides: Any) -> RelaySettings:
+    """Settings for tests: short timeouts, small backoff."""
+    base = RelaySettings(
+        bootstrap_servers=bootstrap,
+        batch_size=100,
+        poll_interval=timedelta(milliseconds=200),
+        delivery_timeout=timedelta(seconds=5),
+        claim_ttl=timedelta(seconds=10),
+        shutdown_grace=timedelta(seconds=2),
+        backoff_initial=timedelta(milliseconds=50),
+        backoff_max=timedelta(milliseconds=400),
+        linger=timedelta(milliseconds=2),
+    )
+    return base.with_overrides(**overrides)
+
+
+def as_relay() -> AbstractContextManager[None]:
+    """Run the block's queries (this thread's connection) as the relay's role."""
+    return as_role(RELAY_ROLE)
+
+
+def event_payload(owner: str, seq: int) -> dict[str, Any]:
+    """A contract-valid event body for `owner`; `seq` varies the document."""
+    return {
+        "ownerUserId": owner,
+        "remindedAt": "2026-11-29T03:00:00Z",
+        "documents": [{
+            "documentId": str(uuid.UUID(int=seq + 1, version=4)),
+            "type": "Passport",
+            "numberMask": f"45 ** ****{seq % 100:02d}",
+            "expiresAt": "2026-12-06",
+            "thresholdDays": 7,
+            "daysLeft": 7,
+        }],
+    }
+
+
+@dataclass(frozen=True)
+class Row:
+    id: uuid.UUID
+    key: str
+    created_at: datetime
+
+
+def insert_outbox(
+    key: str,
+    *,
+    created_at: datetime,
+    payload: dict[str, Any] | str | None = None,
+    seq: int = 0,
+    published_at: datetime | None = None,
+    parked_at: datetime | None = None,
+    topic: str = TOPIC,
+) -> Row:
+    """One outbox row, written as the table owner (as the worker would, plus relay state)."""
+    row_id = uuid.uuid4()
+    body = payload if payload is not None else event_payload(key, seq)
+    headers = {"message_id": str(row_id), "correlation_id": str(uuid.uuid4()),
+               "event_type": events.EVENT_TYPE, "contract_version": str(events.CONTRACT_VERSION)}
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "insert into outbox_messages (id, aggregate_type, aggregate_id, event_type,"
+            " contract_version, topic, message_key, payload, headers, created_at, published_at,"
+            " parked_at, attempts) values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0)",
+            [row_id, events.AGGREGATE_TYPE, key, events.EVENT_TYPE, events.CONTRACT_VERSION,
+             topic, key, body if isinstance(body, str) else json.dumps(body),
+             json.dumps(headers), created_at, published_at, parked_at],
+        )
+    return Row(row_id, key, created_at)
+
+
+def interleaved_rows(keys: int, per_key: int) -> dict[str, list[uuid.UUID]]:
+    """`per_key` rows for each of `keys` owners, written round-robin (1st of every key, then
+    2nd, ...), with distinct increasing created_at; message ids per key in written order."""
+    owners = [str(uuid.uuid4()) for _ in range(keys)]
+    written: dict[str, list[uuid.UUID]] = {o: [] for o in owners}
+    seq = 0
+    for round_ in range(per_key):
+        for owner in owners:
+            seq += 1
+            row = insert_outbox(owner, created_at=BASE_TIME + timedelta(milliseconds=seq),
+                                seq=round_)
+            written[owner].append(row.id)
+    return written
+
+
+def outbox_state() -> list[dict[str, Any]]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "select id, message_key, published_at, parked_at, attempts, last_error, available_at,"
+            " claimed_by from outbox_messages order by created_at, id")
+        names = [c.name for c in cursor.description]
+        return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
+
+
+def unpublished_count() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("select count(*) from outbox_messages where published_at is null")
+        return int(cursor.fetchone()[0])
+
+
+def wait_for(condition: Callable[[], bool], *, timeout: float = 30.0, what: str = "condition",
+             interval: float = 0.05) -> None:
+    """Poll `condition` until it holds, failing the test after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def first_seen_order(records: list[Record]) -> dict[str, list[str]]:
+    """Per key, message ids in the order they were first read from their partition."""
+    order: dict[str, list[str]] = {}
+    seen: set[str] = set()
+    for record in sorted(records, key=lambda r: (r.partition, r.offset)):
+        if record.message_id not in seen:
+            seen.add(record.message_id)
+            order.setdefault(record.key, []).append(record.message_id)
+    return order
+
+
+class RelayThread(threading.Thread):
+    """A relay running `run_loop` in its own thread, with its own connection, as the relay role."""
+
+    def __init__(self, settings: RelaySettings, **relay_options: Any) -> None:
+        super().__init__(daemon=True)
+        self.relay = Relay(settings, **relay_options)
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with as_relay():
+                self.relay.run_loop()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            connections.close_all()
+
+    def stop_and_join(self, timeout: float = 30.0) -> None:
+        self.relay.stop.set()
+        self.join(timeout)
+        assert not self.is_alive(), "relay thread did not stop"
+        if self.error is not None:
+            raise self.error
