@@ -18,7 +18,7 @@ def main(argv: list[str]) -> int:
     django.setup()
     from reminders import rules
     from reminders.config import load_settings
-    from reminders.cycle import prune_expired_markers
+    from reminders.retention import prune_expired_markers
 
     settings = load_settings(os.environ)
     cutoff = rules.prune_cutoff(date.fromisoformat(argv[0]), settings.retention_days)

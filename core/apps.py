@@ -1,5 +1,5 @@
 """The shared base under both apps: database plumbing, settings, commands, logging,
-operations endpoints and the read-only admin base (docs/design.md, "Architecture")."""
+operations endpoints and the read-only admin base (docs/design.md §7)."""
 
 from pathlib import Path
 from typing import Any

@@ -5,8 +5,10 @@ Fields never carry personal data: callers pass ids, types, thresholds and counts
 only (the number mask and the payload never reach a logger).
 
 Records are formatted and written off the caller's thread: `QueuedStderrHandler` hands them
-to a `QueueListener`, so a cycle's line per reminder costs its batch a queue put, and the
-formatting overlaps the next batch's statement (PostgreSQL's wait releases the GIL).
+to a `QueueListener`, whose thread formats and writes them while the caller goes on (and
+PostgreSQL's waits release the GIL). `log_events` logs one event per item as a single
+record that the formatter writes as a line per item: a batch's "reminder queued" lines cost
+the batch one record, not one each.
 """
 
 import copy
@@ -14,11 +16,13 @@ import json
 import logging
 import queue
 import sys
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from logging.handlers import QueueHandler, QueueListener
 from typing import Any
 
 _FIELDS = "fields"
+_ITEMS = "items"
 
 
 def log_event(
@@ -27,6 +31,16 @@ def log_event(
     """Log `event` with structured `fields` (ids, counts, thresholds; never PII)."""
     if logger.isEnabledFor(level):
         logger.log(level, event, extra={_FIELDS: fields}, exc_info=exc_info, stacklevel=2)
+
+
+def log_events(
+    logger: logging.Logger, level: int, event: str, items: Sequence[Mapping[str, Any]],
+    **fields: Any,
+) -> None:
+    """Log `event` once per item, with `fields` and the item's own fields, as one record: the
+    formatter writes a line per item (on the logging thread, with QueuedStderrHandler)."""
+    if items and logger.isEnabledFor(level):
+        logger.log(level, event, extra={_FIELDS: fields, _ITEMS: items}, stacklevel=2)
 
 
 def _jsonable(value: Any) -> Any:
@@ -50,6 +64,12 @@ class StructuredFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, Any] = getattr(record, _FIELDS, {})
+        items: Sequence[Mapping[str, Any]] | None = getattr(record, _ITEMS, None)
+        if items is not None:  # log_events: a line per item
+            return "\n".join(self._format(record, {**fields, **item}) for item in items)
+        return self._format(record, fields)
+
+    def _format(self, record: logging.LogRecord, fields: Mapping[str, Any]) -> str:
         when = datetime.fromtimestamp(record.created, tz=UTC)
         if self.as_json:
             line: dict[str, Any] = {
@@ -100,7 +120,9 @@ class QueuedStderrHandler(QueueHandler):
         self.queue.put(record)  # type: ignore[attr-defined]
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        """A copy that is safe to format later: message merged, traceback as text."""
+        """The record, safe to format later: message merged, traceback as text."""
+        if not record.args and not record.exc_info:
+            return record  # log_event's records: nothing to merge, no copy on the caller's path
         prepared = copy.copy(record)
         prepared.msg = record.getMessage()
         prepared.args = None

@@ -1,4 +1,4 @@
-"""The least-privilege database roles (docs/design.md, "Security"): one for the reminder
+"""The least-privilege database roles (docs/design.md §6): one for the reminder
 worker, one for the outbox relay, created and granted by `core/sql/roles.sql`."""
 
 from pathlib import Path

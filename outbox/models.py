@@ -1,4 +1,4 @@
-"""profile.outbox_messages (DESIGN 2.3)."""
+"""profile.outbox_messages (docs/design.md §2.4)."""
 
 import uuid
 

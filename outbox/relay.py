@@ -22,7 +22,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from django.db import connections
 
-from core.db import DatabaseErrors, backoff_delay
+from core.db import DatabaseErrors, backoff_delay, delete_in_chunks
 from core.health import Heartbeat
 from core.logs import log_event
 from outbox import kafka, metrics, store
@@ -43,13 +43,25 @@ Wait = Callable[[float], object]
 
 
 @dataclass(slots=True)
-class BatchOutcome:
-    """What one batch did."""
+class _Deliveries:
+    """Rows claimed, and what became of them."""
 
     claimed: int = 0
     published: int = 0
     released: int = 0
     failed: int = 0
+
+    def _add_deliveries(self, other: "_Deliveries") -> None:
+        self.claimed += other.claimed
+        self.published += other.published
+        self.released += other.released
+        self.failed += other.failed
+
+
+@dataclass(slots=True)
+class BatchOutcome(_Deliveries):
+    """What one batch (or a run of batches) did."""
+
     parked: list[uuid.UUID] = field(default_factory=list)
 
     @property
@@ -57,22 +69,15 @@ class BatchOutcome:
         return self.released > 0
 
     def merge(self, other: "BatchOutcome") -> None:
-        self.claimed += other.claimed
-        self.published += other.published
-        self.released += other.released
-        self.failed += other.failed
+        self._add_deliveries(other)
         self.parked.extend(other.parked)
 
 
 @dataclass(slots=True)
-class RelayStats:
+class RelayStats(_Deliveries):
     """Running totals of a relay, for the command's summary, logs and tests."""
 
     batches: int = 0
-    claimed: int = 0
-    published: int = 0
-    released: int = 0
-    failed: int = 0
     parked: int = 0
     pruned: int = 0
     # Seconds waited after each consecutive "broker unavailable" or database failure.
@@ -80,10 +85,7 @@ class RelayStats:
 
     def add(self, outcome: BatchOutcome) -> None:
         self.batches += 1
-        self.claimed += outcome.claimed
-        self.published += outcome.published
-        self.released += outcome.released
-        self.failed += outcome.failed
+        self._add_deliveries(outcome)
         self.parked += len(outcome.parked)
 
 
@@ -291,12 +293,10 @@ class Relay:
 
     def prune(self) -> int:
         """Delete rows published longer than the retention ago, in bounded chunks."""
-        total = 0
-        while not self.stop.is_set():
-            deleted = store.prune_published(self.using, self.settings.retention, PRUNE_CHUNK)
-            total += deleted
-            if deleted < PRUNE_CHUNK:
-                break
+        total = delete_in_chunks(
+            self.using, lambda size: store.prune_published(self.using, self.settings.retention, size),
+            chunk=PRUNE_CHUNK, stop=self.stop,
+        )
         self.stats.pruned += total
         if total:
             log_event(logger, logging.INFO, "published messages pruned", relay_id=self.relay_id,

@@ -19,10 +19,6 @@ QUERIES_FILE = Path(__file__).parent / "sql" / "queries.sql"
 QUERIES = QueryFile(QUERIES_FILE)
 
 
-def query(name: str) -> str:
-    """The SQL of a named query."""
-    return QUERIES[name]
-
 
 @dataclass(frozen=True, slots=True)
 class ClaimedMessage:
@@ -74,7 +70,7 @@ def relax_commit_durability(using: str) -> psycopg.Connection[Any]:
     """Let this session commit without waiting for the WAL flush; the connection it applies to."""
     conn = raw_connection(using)
     with psycopg.Cursor(conn) as cur:
-        cur.execute(query("relax_commit_durability"))
+        cur.execute(QUERIES["relax_commit_durability"])
     return conn
 
 
@@ -82,7 +78,7 @@ def claim_batch(using: str, *, batch_size: int, lease: timedelta, relay_id: str)
     """Lease up to `batch_size` deliverable rows (per key only its oldest), committed at once."""
     with server_cursor(using) as cur:
         cur.execute(
-            query("claim_batch"), {"batch_size": batch_size, "lease": lease, "relay_id": relay_id}
+            QUERIES["claim_batch"], {"batch_size": batch_size, "lease": lease, "relay_id": relay_id}
         )
         rows = cur.fetchall()
     claimed = [
@@ -101,7 +97,7 @@ def mark_published(using: str, ids: Sequence[uuid.UUID]) -> int:
     if not ids:
         return 0
     with server_cursor(using) as cur:
-        cur.execute(query("mark_published"), {"ids": list(ids)})
+        cur.execute(QUERIES["mark_published"], {"ids": list(ids)})
         return cur.rowcount
 
 
@@ -110,7 +106,7 @@ def release_claims(using: str, ids: Sequence[uuid.UUID], relay_id: str) -> int:
     if not ids:
         return 0
     with server_cursor(using) as cur:
-        cur.execute(query("release_claims"), {"ids": list(ids), "relay_id": relay_id})
+        cur.execute(QUERIES["release_claims"], {"ids": list(ids), "relay_id": relay_id})
         return cur.rowcount
 
 
@@ -120,7 +116,7 @@ def record_failures(using: str, failures: Sequence[Failure], max_attempts: int) 
         return []
     with server_cursor(using) as cur:
         cur.execute(
-            query("record_failures"),
+            QUERIES["record_failures"],
             {
                 "ids": [f.id for f in failures],
                 "errors": [f.error[:2000] for f in failures],
@@ -134,27 +130,27 @@ def record_failures(using: str, failures: Sequence[Failure], max_attempts: int) 
 def prune_published(using: str, retention: timedelta, chunk: int) -> int:
     """Delete up to `chunk` rows published longer than `retention` ago; the number deleted."""
     with server_cursor(using) as cur:
-        cur.execute(query("prune_published"), {"retention": retention, "chunk": chunk})
+        cur.execute(QUERIES["prune_published"], {"retention": retention, "chunk": chunk})
         return cur.rowcount
 
 
 def list_parked(using: str, limit: int) -> list[ParkedMessage]:
     with server_cursor(using) as cur:
-        cur.execute(query("list_parked"), {"limit": limit})
+        cur.execute(QUERIES["list_parked"], {"limit": limit})
         return [ParkedMessage(*r) for r in cur.fetchall()]
 
 
 def requeue_parked(using: str, ids: Sequence[uuid.UUID] | None) -> list[uuid.UUID]:
     """Make parked rows deliverable again with fresh attempts: `ids`, or all when None."""
     with server_cursor(using) as cur:
-        cur.execute(query("requeue_parked"), {"all": ids is None, "ids": list(ids or [])})
+        cur.execute(QUERIES["requeue_parked"], {"all": ids is None, "ids": list(ids or [])})
         return [r[0] for r in cur.fetchall()]
 
 
 def backlog(using: str) -> Backlog:
     """The outbox backlog now (one aggregate row)."""
     with server_cursor(using) as cur:
-        cur.execute(query("outbox_backlog"))
+        cur.execute(QUERIES["outbox_backlog"])
         unpublished, parked, oldest_created_at, oldest_age_s = one(cur)
     return Backlog(int(unpublished), int(parked), oldest_created_at,
                    None if oldest_age_s is None else float(oldest_age_s))

@@ -11,10 +11,10 @@ import psycopg
 from django.db import connections
 
 from core.logs import log_event
+from outbox import store
 
 logger = logging.getLogger("outbox.wakeup")
 
-CHANNEL = "outbox_messages"
 # How often a wait looks at the stop event: a signal does not interrupt a blocking read.
 STOP_CHECK_S = 0.2
 
@@ -37,7 +37,7 @@ class Wakeup:
             conn: psycopg.Connection[Any] = wrapper.get_new_connection(
                 wrapper.get_connection_params())
             conn.autocommit = True
-            conn.execute(f"listen {CHANNEL}")
+            conn.execute(store.QUERIES["listen_for_new_rows"])
         except psycopg.Error as exc:
             log_event(logger, logging.WARNING, "listen failed, polling instead",
                       error=f"{type(exc).__name__}: {exc}".strip()[:300])

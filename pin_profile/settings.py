@@ -110,7 +110,7 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "artifacts" / "static"
 
-# Index names are the design's (DESIGN 2.2), longer than Django's 30-character habit;
+# Index names are the design's (docs/design.md §2.2), longer than Django's 30-character habit;
 # PostgreSQL allows 63.
 SILENCED_SYSTEM_CHECKS = ["models.E034"]
 

@@ -1,6 +1,6 @@
 """The operator's window onto the worker: the ledger, the run history and an overview page.
 
-Everything here is read-only, superusers included (DESIGN 5). List pages stay fast on a
+Everything here is read-only, superusers included (docs/design.md §5). List pages stay fast on a
 ledger of millions of rows: no full count, exact-UUID search through the indexes, filters
 whose choices cost a few index probes, and a date hierarchy that skips through an index.
 """

@@ -1,25 +1,10 @@
-"""Helpers shared by the management commands: settings, --as-of, durations, progress."""
+"""Helpers shared by the worker's management commands: --as-of, and a progress line."""
 
-import os
 import sys
 from datetime import UTC, date, datetime
 from typing import TextIO
 
-from django.core.management.base import CommandError
-
-from core.commands import EXIT_FAILED, EXIT_USAGE
-from core.config import ConfigError
-from reminders.config import ReminderSettings, load_settings
-
-EXIT_OWNERS_FAILED = EXIT_FAILED
-
-
-def settings_from_env() -> ReminderSettings:
-    """REMINDER_* from the process environment, or a one-line CommandError with exit code 2."""
-    try:
-        return load_settings(os.environ)
-    except ConfigError as exc:
-        raise CommandError(f"bad configuration: {exc}", returncode=EXIT_USAGE) from None
+from core.commands import usage_error
 
 
 def parse_as_of(raw: str) -> datetime:
@@ -30,10 +15,9 @@ def parse_as_of(raw: str) -> datetime:
             return datetime.combine(date.fromisoformat(text), datetime.min.time(), tzinfo=UTC)
         instant = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        raise CommandError(
+        raise usage_error(
             f"--as-of: expected an ISO date (2026-11-29) or instant (2026-11-29T03:00:00Z), "
-            f"got {raw!r}",
-            returncode=EXIT_USAGE,
+            f"got {raw!r}"
         ) from None
     if instant.tzinfo is None:
         instant = instant.replace(tzinfo=UTC)

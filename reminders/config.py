@@ -24,7 +24,7 @@ MAX_DAYS = 3_650
 
 @dataclass(frozen=True, slots=True)
 class ReminderSettings(Settings):
-    """What one cycle and the loop need (docs/design.md, "The cycle": inputs and schedule)."""
+    """What one cycle and the loop need (docs/design.md §3 and §3.9)."""
 
     thresholds: tuple[int, ...] = DEFAULT_THRESHOLDS
     batch_size: int = 500

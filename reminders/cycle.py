@@ -1,9 +1,11 @@
-"""One reminder cycle (DESIGN 3): census, due owners in urgency order, per-batch claim and
-event, owner-by-owner retry on failure, chunked prune, result.
+"""One reminder cycle (docs/design.md §3), the orchestration only: census, due owners in
+urgency order, per-batch claim and event, owner-by-owner retry on failure, prune, result.
 
 Owners are the unit: a batch holds whole owners (about `batch_size` documents), commits its
 markers and events together, and on failure is retried owner by owner so that one failing
-owner loses nothing for the others.
+owner loses nothing for the others. The claim is `store.claim_batch`; the dry run's plan is
+`plan.plan_batch`; the prunes are `retention`'s. An observer (metrics, tracing, health: see
+`reminders.observe`) is told when the cycle starts, around each batch, and when it ends.
 """
 
 import logging
@@ -11,85 +13,25 @@ import socket
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
 
-from core.db import DatabaseErrors, connection_alive, delete_in_chunks
-from core.logs import log_event
-from reminders import events, rules, store
-from reminders.background_log import BackgroundLog
+from core.db import DatabaseErrors, connection_alive
+from core.logs import log_event, log_events
+from reminders import events, plan, retention, rules, store
 from reminders.config import ReminderSettings
-from reminders.models import ReminderRun
+from reminders.models import SUCCESSFUL_STATUSES, ReminderRun
+from reminders.result import CycleObserver, CycleResult, Unobserved
 
 logger = logging.getLogger("reminders.cycle")
 
-PRUNE_CHUNK = 5_000
 ABANDONED_AFTER_MIN = timedelta(hours=1)
 
 Clock = Callable[[], float]
 Progress = Callable[[int, int], None]
-
-
-@dataclass(slots=True)
-class CycleResult:
-    """The counters of DESIGN 3 step 7, and how the cycle ended."""
-
-    run_id: uuid.UUID
-    as_of: datetime
-    status: str = ReminderRun.Status.RUNNING
-    dry_run: bool = False
-    window_documents: int = 0
-    due_documents: int = 0
-    reminders_sent: int = 0
-    owners_notified: int = 0
-    markers_written: int = 0
-    skipped_already_marked: int = 0
-    pruned: int = 0
-    failed_owners: int = 0
-    duration_ms: int = 0
-    error: str | None = None
-    reminders_by_threshold: Counter[int] = field(default_factory=Counter)
-    owners_processed: int = 0
-    documents_processed: int = 0
-
-    def counters(self) -> dict[str, int]:
-        """The counters recorded in the run history."""
-        return {
-            "reminders_sent": self.reminders_sent,
-            "owners_notified": self.owners_notified,
-            "markers_written": self.markers_written,
-            "skipped_already_marked": self.skipped_already_marked,
-            "pruned": self.pruned,
-            "failed_owners": self.failed_owners,
-        }
-
-    @property
-    def ok(self) -> bool:
-        """True when nothing failed (a timed-out or stopped cycle is fine: the rest waits)."""
-        return self.failed_owners == 0 and self.status != ReminderRun.Status.FAILED
-
-
-@dataclass(frozen=True, slots=True)
-class _Queued:
-    owner_user_id: uuid.UUID
-    document_id: uuid.UUID
-    type: str
-    threshold_days: int
-    days_left: int
-
-
-@dataclass(slots=True)
-class _BatchOutcome:
-    markers_won: int = 0
-    events_written: int = 0
-    queued: list[_Queued] = field(default_factory=list)
-    due_documents: int = 0
 
 
 class ConnectionLostError(Exception):
@@ -114,21 +56,6 @@ def owner_batches(
         yield batch
 
 
-def most_urgent_per_owner(
-    due: list[tuple[store.DocumentRow, rules.Decision]], cap: int
-) -> list[tuple[store.DocumentRow, rules.Decision]]:
-    """At most `cap` due documents per owner, most urgent first (days left, then id): the
-    event stays within a sane size; the rest stay unmarked, due again next cycle."""
-    by_owner: dict[uuid.UUID, list[tuple[store.DocumentRow, rules.Decision]]] = {}
-    for pair in due:
-        by_owner.setdefault(pair[0].owner_user_id, []).append(pair)
-    kept: list[tuple[store.DocumentRow, rules.Decision]] = []
-    for pairs in by_owner.values():
-        kept += pairs if len(pairs) <= cap else sorted(
-            pairs, key=lambda p: (p[1].days_left, p[0].id))[:cap]
-    return kept
-
-
 class Cycle:
     """Runs one cycle; build it with the settings and call `run()`."""
 
@@ -144,6 +71,7 @@ class Cycle:
         progress: Progress | None = None,
         extra_headers: dict[str, str] | None = None,
         max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT,
+        observer: CycleObserver | None = None,
     ) -> None:
         self.settings = settings
         self.max_documents_per_event = max_documents_per_event
@@ -158,14 +86,22 @@ class Cycle:
         self.dry_run = dry_run
         self.progress = progress
         self.extra_headers = extra_headers
+        self.observer: CycleObserver = observer or Unobserved()
         self.result = CycleResult(run_id=uuid.uuid4(), as_of=self.as_of, dry_run=dry_run)
         self._deadline = 0.0
-        self._reminder_log: BackgroundLog | None = None
 
     # --- the cycle -------------------------------------------------------------------------
 
     def run(self) -> CycleResult:
         """Run the cycle to its end (done, timed out, stopped or failed) and return its result."""
+        try:
+            if headers := self.observer.cycle_started(self):
+                self.extra_headers = {**(self.extra_headers or {}), **headers}
+            return self._run()
+        finally:
+            self.observer.cycle_finished(self.result)
+
+    def _run(self) -> CycleResult:
         started = self.clock()
         self._deadline = started + self.settings.max_run_duration.total_seconds()
         result = self.result
@@ -176,17 +112,15 @@ class Cycle:
             window=[self.window.first_day, self.window.last_day],
         )
         try:
-            with BackgroundLog("reminder-log") as self._reminder_log:
-                self._remind_and_prune()
+            self._remind_and_prune()
         except (ConnectionLostError, *DatabaseErrors) as exc:
             result.status = ReminderRun.Status.FAILED
             result.error = f"{type(exc).__name__}: {exc}".strip()[:2000]
             log_event(logger, logging.ERROR, "cycle failed", run_id=result.run_id,
                       error=result.error)
-        finally:
-            self._reminder_log = None
         result.duration_ms = int((self.clock() - started) * 1000)
         self._record_finish()
+        self._prune_run_history()
         log_event(
             logger, logging.INFO, "cycle completed",
             run_id=result.run_id, status=result.status, dry_run=self.dry_run,
@@ -237,15 +171,11 @@ class Cycle:
                 return ReminderRun.Status.TIMED_OUT
             log_event(logger, logging.DEBUG, "batch selected", run_id=self.result.run_id,
                       owners=len(owner_ids))
-            with self.batch_scope(owner_ids):
+            with self.observer.batch(self, owner_ids):
                 self._remind_batch(owner_ids)
             if self.progress:
                 self.progress(self.result.documents_processed, self.result.due_documents)
         return ReminderRun.Status.SUCCEEDED
-
-    def batch_scope(self, owner_ids: list[uuid.UUID]) -> AbstractContextManager[object]:
-        """Wraps each batch; reminders.tracing overrides it with a child span."""
-        return nullcontext()
 
     def _remind_batch(self, owner_ids: list[uuid.UUID]) -> None:
         try:
@@ -266,74 +196,40 @@ class Cycle:
             return
         self._account(outcome, owners=len(owner_ids))
 
-    def _in_transaction(self, owner_ids: list[uuid.UUID]) -> _BatchOutcome:
+    def _in_transaction(self, owner_ids: list[uuid.UUID]) -> store.BatchClaim:
         if self.dry_run:
-            return self._plan_only(owner_ids)
+            return plan.plan_batch(
+                self.using, owner_ids, self.window, self.settings.thresholds, self.as_of_date,
+                max_documents_per_event=self.max_documents_per_event)
         with transaction.atomic(using=self.using, durable=True):
-            return self._claim(owner_ids)
+            # The rules run inside the claim statement (they mirror rules.decide, tested
+            # alike), so no document travels to the worker and back.
+            return store.claim_batch(
+                self.using, owner_ids, self.window, self.settings.thresholds, self.as_of_date,
+                run_id=self.result.run_id, as_of=self.as_of, extra_headers=self.extra_headers,
+                max_documents_per_event=self.max_documents_per_event,
+            )
 
-    def _claim(self, owner_ids: list[uuid.UUID]) -> _BatchOutcome:
-        # The rules run inside the claim statement (they mirror rules.decide, tested alike),
-        # so no document travels to the worker and back: Python stays off the per-row path.
-        claimed = store.claim_batch(
-            self.using, owner_ids, self.window, self.settings.thresholds, self.as_of_date,
-            run_id=self.result.run_id, as_of=self.as_of, extra_headers=self.extra_headers,
-            max_documents_per_event=self.max_documents_per_event,
-        )
-        return _BatchOutcome(
-            markers_won=claimed.markers_won,
-            events_written=claimed.events_written,
-            queued=[
-                _Queued(i.owner_user_id, i.document_id, i.type, i.threshold_days, i.days_left)
-                for i in claimed.notified
-            ],
-            due_documents=claimed.due_documents,
-        )
-
-    def _plan_only(self, owner_ids: list[uuid.UUID]) -> _BatchOutcome:
-        """--dry-run: what the claim would do, decided by rules.decide, writing nothing."""
-        outcome = _BatchOutcome()
-        queued: list[_Queued] = []
-        documents = store.batch_documents(self.using, owner_ids, self.window)
-        due = [(doc, decision) for doc in documents if (decision := rules.decide(
-            doc.expires_on, self.as_of_date, self.settings.thresholds, doc.marked)) is not None]
-        for doc, decision in most_urgent_per_owner(due, self.max_documents_per_event):
-            outcome.due_documents += 1
-            outcome.markers_won += len(decision.markers)
-            if decision.notify is not None:
-                queued.append(_Queued(doc.owner_user_id, doc.id, doc.type, decision.notify,
-                                      decision.days_left))
-        outcome.queued = queued
-        outcome.events_written = len({q.owner_user_id for q in queued})
-        return outcome
-
-    def _account(self, outcome: _BatchOutcome, *, owners: int) -> None:
+    def _account(self, outcome: store.BatchClaim, *, owners: int) -> None:
         """Count a committed batch, and log its reminders now that they are durable."""
         result = self.result
         result.owners_processed += owners
         result.documents_processed += outcome.due_documents
         result.markers_written += outcome.markers_won
         result.owners_notified += outcome.events_written
-        result.reminders_sent += len(outcome.queued)
-        queued = sorted(outcome.queued, key=lambda q: (str(q.owner_user_id), q.days_left))
-        for item in queued:
+        result.reminders_sent += len(outcome.notified)
+        notified = sorted(outcome.notified, key=lambda q: (str(q.owner_user_id), q.days_left))
+        for item in notified:
             result.reminders_by_threshold[item.threshold_days] += 1
-        if self._reminder_log is not None:
-            # A line per reminder costs about a third of a batch's time in Python: on the
-            # log's thread it overlaps the next batch's statement instead.
-            self._reminder_log.submit(lambda: self._log_reminders(queued))
-        else:
-            self._log_reminders(queued)
-
-    def _log_reminders(self, queued: list[_Queued]) -> None:
-        event = "reminder queued" if not self.dry_run else "reminder due"
-        for item in queued:
-            log_event(
-                logger, logging.INFO, event,
-                run_id=self.result.run_id, owner_user_id=item.owner_user_id,
-                document_id=item.document_id, type=item.type,
-                threshold_days=item.threshold_days, days_left=item.days_left,
-            )
+        # A line per reminder, written by the logging thread (core.logs) while the next
+        # batch's statement runs: a million lines cost the batches one record each.
+        log_events(
+            logger, logging.INFO, "reminder queued" if not self.dry_run else "reminder due",
+            [{"owner_user_id": item.owner_user_id, "document_id": item.document_id,
+              "type": item.type, "threshold_days": item.threshold_days,
+              "days_left": item.days_left} for item in notified],
+            run_id=self.result.run_id,
+        )
 
     def _fail_owners(self, owner_ids: list[uuid.UUID], reason: str) -> None:
         self.result.failed_owners += len(owner_ids)
@@ -345,9 +241,21 @@ class Cycle:
         cutoff = rules.prune_cutoff(self.as_of_date, self.settings.retention_days)
         if self.dry_run:
             return store.count_expired_markers(self.using, cutoff)
-        return prune_expired_markers(
+        return retention.prune_expired_markers(
             self.using, cutoff, stop=self.stop, out_of_time=self._out_of_time
         )
+
+    def _prune_run_history(self) -> None:
+        """After a cycle that did its work, the run history's own prune (its failure waits
+        for the next cycle)."""
+        if self.dry_run or self.result.status not in SUCCESSFUL_STATUSES:
+            return
+        try:
+            retention.prune_run_history(
+                self.using, retention.run_history_cutoff(datetime.now(UTC), self.settings))
+        except DatabaseErrors as exc:
+            log_event(logger, logging.WARNING, "run history prune failed; retried next cycle",
+                      error=type(exc).__name__)
 
     def _record_finish(self) -> None:
         if self.dry_run:
@@ -363,23 +271,6 @@ class Cycle:
         except DatabaseErrors:
             log_event(logger, logging.WARNING, "could not record the end of the cycle",
                       run_id=result.run_id, status=result.status)
-
-
-def prune_expired_markers(
-    using: str,
-    cutoff: date,
-    *,
-    stop: threading.Event | None = None,
-    out_of_time: Callable[[], bool] = lambda: False,
-    chunk: int = PRUNE_CHUNK,
-) -> int:
-    """Delete markers expiring before `cutoff` in bounded chunks, one transaction each."""
-    total = delete_in_chunks(
-        using, lambda size: store.prune_expired_markers(using, cutoff, size),
-        chunk=chunk, stop=stop, out_of_time=out_of_time,
-    )
-    log_event(logger, logging.INFO, "markers pruned", cutoff=cutoff, pruned=total)
-    return total
 
 
 def run_cycle(settings: ReminderSettings, **kwargs: Any) -> CycleResult:

@@ -1,4 +1,4 @@
-"""The integration event DocumentExpiryReminderKafkaEvent, contract version 1 (DESIGN 2.4).
+"""The integration event DocumentExpiryReminderKafkaEvent, contract version 1 (docs/design.md §2.5).
 
 The body is built in SQL (store `claim_batch`) from the markers a cycle won; these are
 the constants of its envelope. docs/contracts/ documents the contract and its JSON Schema.
@@ -16,7 +16,7 @@ TOPIC = "pin.profile.document-expiry-reminders.v1"
 MAX_DOCUMENTS_PER_EVENT = 500
 
 
-# The document types that expire (docs/design.md, "Data"): the admin's filter and the demo
+# The document types that expire (docs/design.md §2.1): the admin's filter and the demo
 # data offer these; the data may hold others, and the event carries whatever type it has.
 DOCUMENT_TYPES = ("Passport", "InternationalPassport", "DriverLicense", "ResidencePermit", "Visa")
 

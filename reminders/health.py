@@ -11,11 +11,11 @@ from datetime import UTC, datetime, timedelta
 
 from core.health import Verdict
 from reminders import store
+from reminders.models import ReminderRun
 
 MAX_SILENCE = timedelta(hours=26)
 # A batch can outlive the time budget by at most one statement (statement_timeout, 5 min).
 STUCK_GRACE = timedelta(minutes=10)
-SUCCESSFUL = ("succeeded", "partial", "timed_out")
 
 
 def judge_liveness(
@@ -82,7 +82,7 @@ def liveness_from_history(
     now = now or datetime.now(UTC)
     latest = store.latest_run(using)
     last_success = store.last_successful_run_finish(using)
-    running_since = latest.started_at if latest and latest.status == "running" else None
+    running_since = latest.started_at if latest and latest.status == ReminderRun.Status.RUNNING else None
     if last_success is None and latest is None:
         return Verdict(False, "no cycle has ever run")
     return judge_liveness(

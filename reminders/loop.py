@@ -13,8 +13,8 @@ from core.db import DatabaseErrors, backoff_delay
 from core.logs import log_event
 from reminders import schedule, store
 from reminders.config import ReminderSettings
-from reminders.cycle import CycleResult
 from reminders.models import ReminderRun
+from reminders.result import CycleResult
 
 logger = logging.getLogger("reminders.loop")
 

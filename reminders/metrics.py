@@ -1,4 +1,4 @@
-"""Prometheus metrics of the reminder worker (DESIGN 4), with the seed's names.
+"""Prometheus metrics of the reminder worker (docs/design.md §5), with the seed's names.
 
 `observe_cycle` turns a finished cycle's result into counter, histogram and gauge updates;
 the backlog gauge is read from the database at scrape time (`register_backlog_gauge`).
@@ -18,19 +18,14 @@ from prometheus_client import (
 from core.gauges import DatabaseGauges
 from reminders import rules, store
 from reminders.config import ReminderSettings
-from reminders.cycle import CycleResult
-from reminders.models import ReminderRun
+from reminders.models import SUCCESSFUL_STATUSES, ReminderRun
+from reminders.result import CycleResult
 
 # The `_created` series double every counter's output and no rule or panel reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]
 
 BACKLOG = "profile_document_expiry_reminder_backlog"
 BACKLOG_REFRESH_S = 300.0
-
-# A cycle that did its work: the same statuses the loop's missed-tick rule counts.
-SUCCESSFUL = frozenset({
-    ReminderRun.Status.SUCCEEDED, ReminderRun.Status.PARTIAL, ReminderRun.Status.TIMED_OUT,
-})
 
 REMINDERS_TOTAL = Counter(
     "profile_document_expiry_reminders_total",
@@ -75,7 +70,7 @@ def observe_cycle(result: CycleResult, *, finished_at: datetime | None = None) -
     errors = result.failed_owners + (1 if result.status == ReminderRun.Status.FAILED else 0)
     if errors:
         ERRORS_TOTAL.inc(errors)
-    if result.status in SUCCESSFUL:
+    if result.status in SUCCESSFUL_STATUSES:
         LAST_SUCCESS.set((finished_at or datetime.now(UTC)).timestamp())
 
 

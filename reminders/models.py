@@ -1,4 +1,4 @@
-"""Tables of the reminder worker (DESIGN 2): the ledger and run history it owns, and the
+"""Tables of the reminder worker (docs/design.md §2): the ledger and run history it owns, and the
 documents table it only reads."""
 
 import uuid
@@ -34,7 +34,7 @@ class PersonDocument(models.Model):
 
 
 class DocumentExpiryReminder(models.Model):
-    """One row = for (document, threshold) the reminder is done (DESIGN 2.2)."""
+    """One row = for (document, threshold) the reminder is done (docs/design.md §2.2)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, db_default=RandomUUID(), editable=False)
     document_id = models.UUIDField()
@@ -97,3 +97,10 @@ class ReminderRun(models.Model):
 
     def __str__(self) -> str:
         return f"run {self.run_id} ({self.status})"
+
+
+# A cycle that did its work (docs/design.md §2.3): the loop's missed-tick rule, liveness, the
+# last-success metric, the overview and the run-history prune all count these, and only these.
+SUCCESSFUL_STATUSES = frozenset({
+    ReminderRun.Status.SUCCEEDED, ReminderRun.Status.PARTIAL, ReminderRun.Status.TIMED_OUT,
+})

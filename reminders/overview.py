@@ -3,6 +3,7 @@ the backlog now, the last cycle, and the cards other apps offer (the outbox's ba
 read cheaply through the indexes."""
 
 import os
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
@@ -16,17 +17,12 @@ from core.config import ConfigError
 from core.queries import QueryFile
 from reminders import rules, store
 from reminders.config import load_settings
-from reminders.models import ReminderRun
+from reminders.models import SUCCESSFUL_STATUSES, ReminderRun
 
 ADMIN_QUERIES = QueryFile(Path(__file__).parent / "sql" / "admin.sql")
 CHART_DAYS = 30
 # Most urgent threshold first: alarming red to calm blue.
 PALETTE = ("#ba2121", "#e07b26", "#e0a526", "#417690", "#79aec8", "#a9c7d6")
-
-# A cycle that did its work (DESIGN 3); the same set as the query last_successful_run_start.
-SUCCESSFUL_STATUSES = (
-    ReminderRun.Status.SUCCEEDED, ReminderRun.Status.PARTIAL, ReminderRun.Status.TIMED_OUT,
-)
 
 # Chart geometry, in SVG user units.
 WIDTH, HEIGHT = 760, 240
@@ -43,6 +39,28 @@ def reminders_per_day(first_day: date) -> dict[tuple[date, int], int]:
     """{(UTC day, threshold): reminders sent} from `first_day` on."""
     since = datetime.combine(first_day, time(0), tzinfo=UTC)
     return {(day, threshold): count for day, threshold, count in _rows("reminders_per_day", {"since": since})}
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """A cycle as the overview's "last cycle" card shows it."""
+
+    run_id: uuid.UUID
+    status: str
+    started_at: datetime
+    duration_ms: int | None
+    reminders_sent: int
+    owners_notified: int
+    failed_owners: int
+
+    @property
+    def status_label(self) -> str:
+        return str(ReminderRun.Status(self.status).label)
+
+
+def _run(name: str, params: dict[str, Any] | None = None) -> RunSummary | None:
+    rows = _rows(name, params)
+    return RunSummary(*rows[0]) if rows else None
 
 
 def configured_thresholds() -> tuple[int, ...]:
@@ -154,7 +172,7 @@ class Backlog:
 
 
 def backlog_now(now: datetime) -> Backlog:
-    """The worker's own census (DESIGN 4's backlog), for the settings this process sees."""
+    """The worker's own census (the backlog of docs/design.md §5), for this process's settings."""
     try:
         settings = load_settings(os.environ)
     except ConfigError as error:
@@ -169,14 +187,14 @@ def overview_context(now: datetime) -> dict[str, Any]:
     """Everything the overview page shows."""
     first_day = rules.utc_date(now) - timedelta(days=CHART_DAYS - 1)
     counts = reminders_per_day(first_day)
-    runs = ReminderRun.objects.order_by("-started_at")
     return {
         "chart": build_chart(counts, first_day, CHART_DAYS, configured_thresholds()),
         "first_day": first_day,
         "last_day": rules.utc_date(now),
         "backlog": backlog_now(now),
-        "last_run": runs.first(),
-        "last_success": runs.filter(status__in=SUCCESSFUL_STATUSES).first(),
+        "last_run": _run("last_run"),
+        "last_success": _run("last_successful_run",
+                             {"successful": sorted(str(s) for s in SUCCESSFUL_STATUSES)}),
         "cards": offered_cards(),
         "now": now,
     }

@@ -1,7 +1,7 @@
-"""The reminder rules of DESIGN 3, as pure functions: no I/O, no clock, no database.
+"""The reminder rules of docs/design.md §3.2, as pure functions: no I/O, no clock, no database.
 
 They are the reference. For speed the cycle runs them in SQL, inside the claim statement
-(`claim_batch` in sql/queries.sql, and `due` in `due_owners`); tests/test_claim_rules.py
+(`claim_batch` in sql/queries.sql, and `due` in `due_owners`); tests/integration/test_claim_rules.py
 holds the SQL to these functions on every case. --dry-run runs them here.
 """
 

@@ -1,4 +1,4 @@
-"""When the loop runs (DESIGN 3, "Schedule"): ticks at the UTC time of day `run_at`, every
+"""When the loop runs (docs/design.md §3.9): ticks at the UTC time of day `run_at`, every
 `interval`, and a missed tick runs at once. Pure functions of instants."""
 
 from datetime import UTC, datetime, time, timedelta

@@ -18,15 +18,12 @@ import psycopg
 from core.db import one, raw_connection, server_cursor
 from core.queries import QueryFile
 from reminders import events
+from reminders.models import SUCCESSFUL_STATUSES
 from reminders.rules import Window
 
 QUERIES_FILE = Path(__file__).parent / "sql" / "queries.sql"
 QUERIES = QueryFile(QUERIES_FILE)
 
-
-def query(name: str) -> str:
-    """The SQL of a named query."""
-    return QUERIES[name]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,7 +73,7 @@ def window_census(
 ) -> tuple[int, int]:
     """(documents in the window, of which due): the backlog, outside a cycle."""
     with server_cursor(using) as cur:
-        cur.execute(query("window_census"), _window_params(window, thresholds, as_of_date))
+        cur.execute(QUERIES["window_census"], _window_params(window, thresholds, as_of_date))
         row = one(cur)
     return int(row[0]), int(row[1])
 
@@ -120,10 +117,10 @@ def due_owners(
 ) -> Iterator[DueOwners]:
     """The due owners and the census of the window (see DueOwners)."""
     conn = raw_connection(using)
-    conn.execute(query("tune_session"))
+    conn.execute(QUERIES["tune_session"])
     cursor = conn.cursor(name=f"due_owners_{uuid.uuid4().hex}", withhold=True)
     try:
-        cursor.execute(query("due_owners"), _window_params(window, thresholds, as_of_date))
+        cursor.execute(QUERIES["due_owners"], _window_params(window, thresholds, as_of_date))
         yield DueOwners(cursor)
     finally:
         if not conn.closed:
@@ -138,7 +135,7 @@ def batch_documents(
     """The window documents of `owner_ids` (all of them, due or not), with their markers."""
     with server_cursor(using) as cur:
         cur.execute(
-            query("batch_documents"),
+            QUERIES["batch_documents"],
             {"owner_ids": list(owner_ids), "window_start": window.start, "window_end": window.end},
         )
         return [
@@ -178,7 +175,7 @@ def claim_batch(
         "unknown_type": events.UNKNOWN_DOCUMENT_TYPE,
     }
     with server_cursor(using) as cur:
-        cur.execute(query("claim_batch"), params, binary=True)
+        cur.execute(QUERIES["claim_batch"], params, binary=True)
         rows = cur.fetchall()
     if not rows:
         raise psycopg.ProgrammingError("the statement returned no row")
@@ -194,13 +191,13 @@ def claim_batch(
 def prune_expired_markers(using: str, cutoff: date, chunk: int) -> int:
     """Delete up to `chunk` markers whose expiry date is before `cutoff`; the number deleted."""
     with server_cursor(using) as cur:
-        cur.execute(query("prune_expired_markers"), {"cutoff": cutoff, "chunk": chunk})
+        cur.execute(QUERIES["prune_expired_markers"], {"cutoff": cutoff, "chunk": chunk})
         return cur.rowcount
 
 
 def count_expired_markers(using: str, cutoff: date) -> int:
     with server_cursor(using) as cur:
-        cur.execute(query("count_expired_markers"), {"cutoff": cutoff})
+        cur.execute(QUERIES["count_expired_markers"], {"cutoff": cutoff})
         row = one(cur)
     return int(row[0])
 
@@ -208,7 +205,7 @@ def count_expired_markers(using: str, cutoff: date) -> int:
 def close_abandoned_runs(using: str, older_than: timedelta) -> int:
     """Record runs still `running` after `older_than` as failed; how many there were."""
     with server_cursor(using) as cur:
-        cur.execute(query("close_abandoned_runs"), {"older_than": older_than})
+        cur.execute(QUERIES["close_abandoned_runs"], {"older_than": older_than})
         return cur.rowcount
 
 
@@ -217,7 +214,7 @@ def start_run(
 ) -> None:
     with server_cursor(using) as cur:
         cur.execute(
-            query("start_run"),
+            QUERIES["start_run"],
             {
                 "run_id": run_id,
                 "as_of": as_of,
@@ -231,16 +228,20 @@ def finish_run(using: str, run_id: uuid.UUID, *, status: str, counters: dict[str
                duration_ms: int, error: str | None) -> None:
     with server_cursor(using) as cur:
         cur.execute(
-            query("finish_run"),
+            QUERIES["finish_run"],
             {"run_id": run_id, "status": status, "duration_ms": duration_ms, "error": error,
              **counters},
         )
 
 
+def _successful() -> dict[str, list[str]]:
+    return {"successful": sorted(str(status) for status in SUCCESSFUL_STATUSES)}
+
+
 def last_successful_run_start(using: str) -> datetime | None:
     """Start of the latest cycle that did its work (succeeded, partial or timed out)."""
     with server_cursor(using) as cur:
-        cur.execute(query("last_successful_run_start"))
+        cur.execute(QUERIES["last_successful_run_start"], _successful())
         row = cur.fetchone()
     return None if row is None else row[0]
 
@@ -248,14 +249,14 @@ def last_successful_run_start(using: str) -> datetime | None:
 def prune_run_history(using: str, cutoff: datetime, chunk: int) -> int:
     """Delete up to `chunk` runs that started before `cutoff`; the number deleted."""
     with server_cursor(using) as cur:
-        cur.execute(query("prune_run_history"), {"cutoff": cutoff, "chunk": chunk})
+        cur.execute(QUERIES["prune_run_history"], {"cutoff": cutoff, "chunk": chunk})
         return cur.rowcount
 
 
 def last_successful_run_finish(using: str) -> datetime | None:
     """End of the latest cycle that did its work (succeeded, partial or timed out)."""
     with server_cursor(using) as cur:
-        cur.execute(query("last_successful_run_finish"))
+        cur.execute(QUERIES["last_successful_run_finish"], _successful())
         row = cur.fetchone()
     return None if row is None else row[0]
 
@@ -271,13 +272,14 @@ class RunRow:
 def latest_run(using: str) -> RunRow | None:
     """The most recent cycle of any instance, whatever its status."""
     with server_cursor(using) as cur:
-        cur.execute(query("latest_run"))
+        cur.execute(QUERIES["latest_run"])
         row = cur.fetchone()
     return None if row is None else RunRow(*row)
 
 
 def count_run_history(using: str, cutoff: datetime) -> int:
     with server_cursor(using) as cur:
-        cur.execute(query("count_run_history"), {"cutoff": cutoff})
+        cur.execute(QUERIES["count_run_history"], {"cutoff": cutoff})
         row = one(cur)
     return int(row[0])
+

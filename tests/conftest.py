@@ -17,7 +17,8 @@ from core.db import apply_sql_file
 from core.roles import ROLES_SQL, WORKER_ROLE
 from devtools.demo_data import PERSON_DOCUMENTS_SQL
 from reminders.config import ReminderSettings
-from reminders.cycle import CycleResult, run_cycle
+from reminders.cycle import run_cycle
+from reminders.result import CycleResult
 from tests.support.contract import assert_outbox_matches_contract
 from tests.support.db_roles import as_role
 from tests.support.factories import DocumentFactory, Documents, insert_documents, make_document

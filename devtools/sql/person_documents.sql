@@ -1,4 +1,4 @@
--- profile.person_documents, exactly as the profile service owns it in production (DESIGN 2.1).
+-- profile.person_documents, exactly as the profile service owns it in production (docs/design.md §2.1).
 -- This repository never migrates it: dev, test, demo and benchmark databases create it from
 -- this script (manage.py create_dev_person_documents). Idempotent.
 create schema if not exists profile;

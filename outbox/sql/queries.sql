@@ -99,3 +99,6 @@ where published_at is null;
 
 -- relax_commit_durability: this session's commits do not wait for the WAL flush (a crash may undo the last marks or claims: those rows are sent again, which at-least-once allows)
 set synchronous_commit = off;
+
+-- listen_for_new_rows: this session hears the insert trigger's notifications (channel `outbox_messages`, migration 0003_relay_claims)
+listen outbox_messages;

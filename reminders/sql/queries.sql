@@ -235,7 +235,7 @@ where run_id = %(run_id)s;
 
 -- last_successful_run_start: when the latest cycle that completed its work started
 select max(started_at) from document_expiry_reminder_runs
-where status in ('succeeded', 'partial', 'timed_out');
+where status = any(%(successful)s::text[]);
 
 -- prune_run_history: delete one bounded chunk of runs that started before the cutoff (a run that old is over, even if a crash left it `running`)
 delete from document_expiry_reminder_runs
@@ -247,7 +247,7 @@ where run_id in (
 
 -- last_successful_run_finish: when the latest cycle that completed its work ended
 select max(finished_at) from document_expiry_reminder_runs
-where status in ('succeeded', 'partial', 'timed_out');
+where status = any(%(successful)s::text[]);
 
 -- latest_run: the most recent cycle, whatever its status (for the health check)
 select run_id, status, started_at, finished_at from document_expiry_reminder_runs

@@ -1,4 +1,4 @@
-"""The seed's test table (DESIGN 3), one named test each, on real PostgreSQL as the worker role."""
+"""The seed's test table (docs/design.md §3), one named test each, on real PostgreSQL as the worker role."""
 
 import logging
 import uuid

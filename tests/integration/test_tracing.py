@@ -17,7 +17,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from core.tracing import _exporter_names, configure_tracing
 from reminders.config import ReminderSettings
-from reminders.tracing import BATCH_SPAN, CYCLE_SPAN, TracedCycle
+from reminders.cycle import Cycle
+from reminders.observe import BATCH_SPAN, CYCLE_SPAN, TracingObserver
 from tests.conftest import as_worker, command_env, manage_py
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, expiring_in
@@ -39,8 +40,8 @@ def _headers() -> list[dict[str, str]]:
 def _traced_cycle(exporter: InMemorySpanExporter, **settings: Any) -> Any:
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
-    cycle = TracedCycle(ReminderSettings().with_overrides(**settings), as_of=AS_OF,
-                        tracer=provider.get_tracer("test"))
+    cycle = Cycle(ReminderSettings().with_overrides(**settings), as_of=AS_OF,
+                  observer=TracingObserver(tracer=provider.get_tracer("test")))
     with as_worker():
         return cycle.run()
 
@@ -74,7 +75,7 @@ def test_cycle_span_with_batch_children_and_traceparent_in_every_event(
 def test_without_a_tracer_provider_no_traceparent_is_written(documents: Documents) -> None:
     documents(expires_at=expiring_in(7))
     with as_worker():
-        TracedCycle(ReminderSettings(), as_of=AS_OF).run()  # the global, no-op provider
+        Cycle(ReminderSettings(), as_of=AS_OF, observer=TracingObserver()).run()  # the global, no-op provider
     [headers] = _headers()
     assert "traceparent" not in headers
 

@@ -18,7 +18,6 @@ from core.ops_server import parse_listen_addr
 from outbox import metrics as outbox_metrics
 from reminders import metrics
 from reminders.config import ReminderSettings, load_settings
-from reminders.cycle import CycleResult
 from reminders.health import (
     STUCK_GRACE,
     LoopHealth,
@@ -26,7 +25,9 @@ from reminders.health import (
     liveness_from_history,
 )
 from reminders.models import ReminderRun
-from reminders.runner import ObservedCycles, prune_run_history
+from reminders.observe import ObservedCycles
+from reminders.result import CycleResult
+from reminders.retention import prune_run_history
 from tests.conftest import as_worker, command_env, manage_py
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, day, expiring_in

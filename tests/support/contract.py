@@ -31,7 +31,7 @@ def assert_event_valid(payload: dict[str, Any]) -> None:
 
 
 def assert_outbox_matches_contract() -> None:
-    """Every outbox row: a valid body, and the envelope of DESIGN 2.3."""
+    """Every outbox row: a valid body, and the envelope of docs/design.md §2.4."""
     with connection.cursor() as cursor:
         cursor.execute("reset role")
         cursor.execute(

@@ -1,4 +1,4 @@
-"""A small, obviously-correct model of the reminder rules (DESIGN 3), written for the tests
+"""A small, obviously-correct model of the reminder rules (docs/design.md §3.2), written for the tests
 only and independent of `reminders.rules`: the chaos scenarios and the property test compare
 what the worker left in the database with what this model says a run (or a sequence of
 daily runs) must leave.

@@ -1,4 +1,4 @@
-"""The pure rules (DESIGN 3 step 2), exhaustively and by property."""
+"""The pure rules (docs/design.md §3.2), exhaustively and by property."""
 
 from datetime import UTC, date, datetime, timedelta, timezone
 

@@ -2,13 +2,12 @@
 
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
+from core.commands import ProjectCommand
 from core.db import apply_sql_file
 from core.roles import RELAY_ROLE, ROLES_SQL, WORKER_ROLE
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         f"Create the roles {WORKER_ROLE} and {RELAY_ROLE} (if missing) and grant them exactly "
         "what they need (core/sql/roles.sql). Run as an owner of the schema, after migrate "

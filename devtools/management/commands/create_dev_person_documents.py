@@ -2,13 +2,12 @@
 
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
+from core.commands import ProjectCommand
 from core.db import apply_sql_file
 from devtools.demo_data import PERSON_DOCUMENTS_SQL
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         "Create profile.person_documents and its indexes from devtools/sql/person_documents.sql "
         "(idempotent). Production has this table already: never run this there."

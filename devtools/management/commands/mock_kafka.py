@@ -1,17 +1,14 @@
 """manage.py mock_kafka: a local mock Kafka cluster for the demo (librdkafka's, in memory)."""
 
-import signal
-import threading
 from argparse import ArgumentParser
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
+from core.commands import ProjectCommand, stop_on_signals
 from devtools.mock_kafka import MockKafkaCluster
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         "Run librdkafka's in-memory mock Kafka cluster until SIGTERM/SIGINT, printing its "
         "bootstrap address (to stdout, and to --bootstrap-file when given). For the demo and "
@@ -24,10 +21,7 @@ class Command(BaseCommand):
                             help="write the bootstrap address here once the cluster is up")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, lambda _signum, _frame: stop.set())
-        with MockKafkaCluster(options["brokers"]) as cluster:
+        with stop_on_signals() as stop, MockKafkaCluster(options["brokers"]) as cluster:
             if options["bootstrap_file"]:
                 path: Path = options["bootstrap_file"]
                 partial = path.with_suffix(path.suffix + ".tmp")

@@ -1,16 +1,16 @@
 """manage.py read_outbox_topic: print the reminder events on the topic, read from its start."""
 
+import os
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
+from core.commands import ProjectCommand
 from devtools.topic import read_topic
-from outbox.cli import relay_settings_from_env
+from outbox.config import load_relay_settings
 from reminders import events
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         "Read the reminder topic from its start (a fresh consumer group, nothing committed) and "
         "print each event: owner, documents, thresholds; never number masks. Uses "
@@ -22,7 +22,7 @@ class Command(BaseCommand):
         parser.add_argument("--limit", type=int, default=10, help="events to print (10)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        settings = relay_settings_from_env()
+        settings = load_relay_settings(os.environ)
         records = read_topic(settings.bootstrap_servers, options["topic"])
         self.stdout.write(f"topic {options['topic']}: {len(records)} event(s) consumed")
         for record in records[: options["limit"]]:

@@ -3,12 +3,11 @@
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
+from core.commands import ProjectCommand
 from devtools.demo_data import seed_demo
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         "Insert demo documents: many owners with 1-5 documents each, expiring from long past to "
         "years ahead, some without expiry, some archived or soft-deleted. For dev and demo "

@@ -6,24 +6,23 @@ from argparse import ArgumentParser
 from datetime import timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from core import gauges
-from core.commands import EXIT_USAGE, stop_on_signals
-from core.config import ConfigError, parse_positive_int
+from core.commands import EXIT_FAILED, ProjectCommand, stop_on_signals
+from core.config import parse_positive_int
 from core.db import DatabaseErrors
 from core.health import Heartbeat, database_ready
 from core.ops_server import Probes, ops_server_from_env
 from outbox import store
-from outbox.cli import EXIT_NOT_ALL_DELIVERED, relay_settings_from_env
-from outbox.config import RelaySettings, validate
+from outbox.config import RelaySettings, load_relay_settings, validate
 from outbox.relay import Relay, RelayStats
 
 # /healthz fails when the loop has not turned for this long (or 3 poll intervals, if longer).
 HEARTBEAT_MIN = timedelta(minutes=5)
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         "Publish outbox rows to Kafka (KAFKA_BOOTSTRAP_SERVERS), at least once and in order per "
         "key, then delete published rows older than OUTBOX_RETENTION. One pass by default: "
@@ -40,14 +39,11 @@ class Command(BaseCommand):
                             help="rows per batch (overrides OUTBOX_BATCH_SIZE)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        settings = relay_settings_from_env()
+        settings = load_relay_settings(os.environ)
         if options["batch_size"] is not None:
-            try:
-                settings = settings.with_overrides(
-                    batch_size=parse_positive_int("--batch-size", options["batch_size"]))
-                validate(settings)
-            except ConfigError as exc:
-                raise CommandError(str(exc), returncode=EXIT_USAGE) from None
+            settings = settings.with_overrides(
+                batch_size=parse_positive_int("--batch-size", options["batch_size"]))
+            validate(settings)
         with stop_on_signals() as stop:
             if options["loop"]:
                 self._loop(settings, stop)
@@ -58,7 +54,7 @@ class Command(BaseCommand):
                 backlog = store.backlog(relay.using)
             except DatabaseErrors as exc:
                 raise CommandError(f"database error: {type(exc).__name__}: {exc}".strip(),
-                                   returncode=EXIT_NOT_ALL_DELIVERED) from None
+                                   returncode=EXIT_FAILED) from None
             finally:
                 relay.close()
         self._summarise(stats, backlog)
@@ -66,16 +62,13 @@ class Command(BaseCommand):
             raise CommandError(
                 f"not everything was delivered: {stats.released} released (broker unavailable), "
                 f"{stats.failed} failed, {stats.parked} parked; run again",
-                returncode=EXIT_NOT_ALL_DELIVERED,
+                returncode=EXIT_FAILED,
             )
 
     def _loop(self, settings: RelaySettings, stop: threading.Event) -> None:
         """--loop, with METRICS_ADDR's /metrics, /healthz (the loop beats) and /readyz."""
         beat = Heartbeat(timeout=max(HEARTBEAT_MIN, 3 * settings.poll_interval))
-        try:
-            server = ops_server_from_env(os.environ, Probes(beat.liveness, database_ready))
-        except ConfigError as exc:
-            raise CommandError(str(exc), returncode=EXIT_USAGE) from None
+        server = ops_server_from_env(os.environ, Probes(beat.liveness, database_ready))
         if server is not None:
             gauges.install()
             server.start()

@@ -4,13 +4,13 @@ import uuid
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-from core.commands import EXIT_USAGE
+from core.commands import EXIT_FAILED, ProjectCommand, usage_error
 from outbox import store
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         "List the parked outbox rows (the relay gave up on them after OUTBOX_MAX_ATTEMPTS; each "
         "holds back the later rows of its key), or re-queue them with fresh attempts: --id ID "
@@ -25,12 +25,11 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["all"] and options["id"]:
-            raise CommandError("give either --id or --all, not both", returncode=EXIT_USAGE)
+            raise usage_error("give either --id or --all, not both")
         try:
             ids = [uuid.UUID(raw) for raw in options["id"]]
         except ValueError:
-            raise CommandError(f"--id: expected message ids (UUIDs), got {options['id']}",
-                               returncode=EXIT_USAGE) from None
+            raise usage_error(f"--id: expected message ids (UUIDs), got {options['id']}") from None
         if not ids and not options["all"]:
             self._list(options["limit"])
             return
@@ -42,7 +41,7 @@ class Command(BaseCommand):
         if missing:
             raise CommandError(
                 f"not parked (unknown, published or already queued): "
-                f"{', '.join(sorted(map(str, missing)))}", returncode=1)
+                f"{', '.join(sorted(map(str, missing)))}", returncode=EXIT_FAILED)
 
     def _list(self, limit: int) -> None:
         parked = store.list_parked("default", limit)

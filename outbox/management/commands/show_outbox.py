@@ -3,13 +3,12 @@
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
+from core.commands import ProjectCommand
 from outbox import store
 from outbox.models import OutboxMessage
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = "Print the newest outbox events (owner, documents, thresholds) and totals."
 
     def add_arguments(self, parser: ArgumentParser) -> None:

@@ -1,21 +1,22 @@
 """manage.py check_reminders_health: the worker's liveness from the run history, for scripts."""
 
+import os
 from argparse import ArgumentParser
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-from core.commands import EXIT_USAGE
-from core.config import ConfigError, parse_duration
+from core.commands import EXIT_FAILED, ProjectCommand
+from core.config import parse_duration
 from core.db import DatabaseErrors
-from reminders.cli import settings_from_env
+from reminders.config import load_settings
 from reminders.health import MAX_SILENCE, liveness_from_history
 
-EXIT_UNHEALTHY = 1
+EXIT_UNHEALTHY = EXIT_FAILED
 EXIT_DATABASE_UNAVAILABLE = 3
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         "Check from the run history that a cycle (of any instance) succeeded within "
         "--max-silence (default 26h) and that no cycle is stuck past REMINDER_MAX_RUN_DURATION "
@@ -28,12 +29,9 @@ class Command(BaseCommand):
                             help="longest acceptable time since a successful cycle (26h)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        settings = settings_from_env()
-        try:
-            max_silence = (MAX_SILENCE if options["max_silence"] is None
-                           else parse_duration("--max-silence", options["max_silence"]))
-        except ConfigError as exc:
-            raise CommandError(str(exc), returncode=EXIT_USAGE) from None
+        settings = load_settings(os.environ)
+        max_silence = (MAX_SILENCE if options["max_silence"] is None
+                       else parse_duration("--max-silence", options["max_silence"]))
         try:
             verdict = liveness_from_history(max_run_duration=settings.max_run_duration,
                                             max_silence=max_silence)

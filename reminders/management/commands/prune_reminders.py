@@ -1,20 +1,19 @@
 """manage.py prune_reminders: delete ledger markers whose document left the scan window, and
 runs older than REMINDER_RUN_HISTORY_DAYS from the run history."""
 
+import os
 from argparse import ArgumentParser
 from datetime import UTC, datetime
 from typing import Any
 
-from django.core.management.base import BaseCommand
-
-from core.commands import stop_on_signals
+from core.commands import ProjectCommand, stop_on_signals
 from reminders import rules, store
-from reminders.cli import parse_as_of, settings_from_env
-from reminders.cycle import prune_expired_markers
-from reminders.runner import prune_run_history, run_history_cutoff
+from reminders.cli import parse_as_of
+from reminders.config import load_settings
+from reminders.retention import prune_expired_markers, prune_run_history, run_history_cutoff
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         "Delete markers whose UTC expiry date is before as-of minus REMINDER_RETENTION_DAYS, "
         "in bounded chunks, and runs that started more than REMINDER_RUN_HISTORY_DAYS (90) ago "
@@ -29,7 +28,7 @@ class Command(BaseCommand):
                             help="count what would be deleted; delete nothing")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        settings = settings_from_env()
+        settings = load_settings(os.environ)
         as_of = parse_as_of(options["as_of"]) if options["as_of"] else datetime.now(UTC)
         cutoff = rules.prune_cutoff(rules.utc_date(as_of), settings.retention_days)
         runs_cutoff = run_history_cutoff(as_of, settings)

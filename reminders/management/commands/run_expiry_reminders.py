@@ -5,20 +5,21 @@ from argparse import ArgumentParser
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-from core.commands import EXIT_USAGE, stop_on_signals
-from core.config import ConfigError, parse_duration, parse_positive_int
+from core.commands import EXIT_FAILED, ProjectCommand, stop_on_signals, usage_error
+from core.config import parse_duration, parse_positive_int
 from core.tracing import configure_tracing
-from reminders.cli import EXIT_OWNERS_FAILED, ProgressLine, parse_as_of, settings_from_env
-from reminders.cycle import CycleResult
+from reminders.cli import ProgressLine, parse_as_of
+from reminders.config import load_settings
 from reminders.loop import run_loop
-from reminders.runner import ObservedCycles, observed_loop
+from reminders.observe import ObservedCycles, observed_loop
+from reminders.result import CycleResult
 
 FUTURE_TOLERANCE = timedelta(minutes=5)
 
 
-class Command(BaseCommand):
+class Command(ProjectCommand):
     help = (
         "Find documents whose expiry is near or past, mark them in the ledger and write one "
         "reminder event per investor to the outbox. One cycle by default (the manual "
@@ -43,23 +44,18 @@ class Command(BaseCommand):
                             help="time budget, e.g. 10m (overrides REMINDER_MAX_RUN_DURATION)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        settings = settings_from_env()
-        try:
-            settings = settings.with_overrides(
-                batch_size=None if options["batch_size"] is None
-                else parse_positive_int("--batch-size", options["batch_size"]),
-                max_run_duration=None if options["max_run_duration"] is None
-                else parse_duration("--max-run-duration", options["max_run_duration"]),
-            )
-        except ConfigError as exc:
-            raise CommandError(str(exc), returncode=EXIT_USAGE) from None
+        settings = load_settings(os.environ).with_overrides(
+            batch_size=None if options["batch_size"] is None
+            else parse_positive_int("--batch-size", options["batch_size"]),
+            max_run_duration=None if options["max_run_duration"] is None
+            else parse_duration("--max-run-duration", options["max_run_duration"]),
+        )
         as_of = parse_as_of(options["as_of"]) if options["as_of"] else None
         if as_of and as_of > datetime.now(UTC) + FUTURE_TOLERANCE and not options["dry_run"]:
-            raise CommandError(f"--as-of {as_of.isoformat()} is in the future; "
-                               "only --dry-run may look ahead", returncode=EXIT_USAGE)
+            raise usage_error(f"--as-of {as_of.isoformat()} is in the future; "
+                              "only --dry-run may look ahead")
         if options["loop"] and (as_of or options["dry_run"]):
-            raise CommandError("--loop takes neither --as-of nor --dry-run",
-                               returncode=EXIT_USAGE)
+            raise usage_error("--loop takes neither --as-of nor --dry-run")
 
         tracing = None
         try:
@@ -73,8 +69,6 @@ class Command(BaseCommand):
                 result = ObservedCycles(settings, stop=stop)(
                     as_of=as_of, dry_run=options["dry_run"], progress=progress)
                 progress.finish()
-        except ConfigError as exc:
-            raise CommandError(f"bad configuration: {exc}", returncode=EXIT_USAGE) from None
         finally:
             if tracing is not None:
                 tracing.shutdown()  # flush the spans still queued
@@ -86,7 +80,7 @@ class Command(BaseCommand):
                 f"cycle {result.status}: {result.failed_owners} owner(s) failed"
                 + (f" ({error})" if error else "")
                 + "; they are retried next cycle",
-                returncode=EXIT_OWNERS_FAILED,
+                returncode=EXIT_FAILED,
             )
 
     def _summarise(self, result: CycleResult) -> None:

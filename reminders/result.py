@@ -1,0 +1,80 @@
+"""What a cycle hands out: its result (the counters of docs/design.md §3.7 and how it
+ended), and the interface of the observers that watch it (`reminders.observe`)."""
+
+import uuid
+from collections import Counter
+from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol
+
+from reminders.models import ReminderRun
+
+if TYPE_CHECKING:
+    from reminders.cycle import Cycle
+
+
+@dataclass(slots=True)
+class CycleResult:
+    """The counters of docs/design.md §3.7, and how the cycle ended."""
+
+    run_id: uuid.UUID
+    as_of: datetime
+    status: str = ReminderRun.Status.RUNNING
+    dry_run: bool = False
+    window_documents: int = 0
+    due_documents: int = 0
+    reminders_sent: int = 0
+    owners_notified: int = 0
+    markers_written: int = 0
+    skipped_already_marked: int = 0
+    pruned: int = 0
+    failed_owners: int = 0
+    duration_ms: int = 0
+    error: str | None = None
+    reminders_by_threshold: Counter[int] = field(default_factory=Counter)
+    owners_processed: int = 0
+    documents_processed: int = 0
+
+    def counters(self) -> dict[str, int]:
+        """The counters recorded in the run history."""
+        return {
+            "reminders_sent": self.reminders_sent,
+            "owners_notified": self.owners_notified,
+            "markers_written": self.markers_written,
+            "skipped_already_marked": self.skipped_already_marked,
+            "pruned": self.pruned,
+            "failed_owners": self.failed_owners,
+        }
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing failed (a timed-out or stopped cycle is fine: the rest waits)."""
+        return self.failed_owners == 0 and self.status != ReminderRun.Status.FAILED
+
+
+class CycleObserver(Protocol):
+    """Watches a cycle from outside (metrics, tracing, health): `reminders.observe`."""
+
+    def cycle_started(self, cycle: "Cycle") -> Mapping[str, str]:
+        """The cycle begins; the headers to add to each of its events (a trace context)."""
+
+    def batch(self, cycle: "Cycle", owner_ids: list[uuid.UUID]) -> AbstractContextManager[object]:
+        """Wraps one batch."""
+
+    def cycle_finished(self, result: CycleResult) -> None:
+        """The cycle ended (its status says how; still `running` if an error escaped it)."""
+
+
+class Unobserved:
+    """The observer of a cycle that nobody watches."""
+
+    def cycle_started(self, cycle: "Cycle") -> Mapping[str, str]:
+        return {}
+
+    def batch(self, cycle: "Cycle", owner_ids: list[uuid.UUID]) -> AbstractContextManager[object]:
+        return nullcontext()
+
+    def cycle_finished(self, result: CycleResult) -> None:
+        pass

@@ -1,0 +1,48 @@
+"""What the worker deletes, in bounded chunks of their own transactions (docs/design.md §3.6):
+markers whose document has left the scan window, and old runs from the run history."""
+
+import logging
+import threading
+from collections.abc import Callable
+from datetime import date, datetime, timedelta
+
+from core.db import delete_in_chunks
+from core.logs import log_event
+from reminders import store
+from reminders.config import ReminderSettings
+
+logger = logging.getLogger("reminders.retention")
+
+PRUNE_CHUNK = 5_000
+RUN_HISTORY_CHUNK = 1_000
+
+
+def prune_expired_markers(
+    using: str,
+    cutoff: date,
+    *,
+    stop: threading.Event | None = None,
+    out_of_time: Callable[[], bool] = lambda: False,
+    chunk: int = PRUNE_CHUNK,
+) -> int:
+    """Delete markers expiring before `cutoff` in bounded chunks, one transaction each."""
+    total = delete_in_chunks(
+        using, lambda size: store.prune_expired_markers(using, cutoff, size),
+        chunk=chunk, stop=stop, out_of_time=out_of_time,
+    )
+    log_event(logger, logging.INFO, "markers pruned", cutoff=cutoff, pruned=total)
+    return total
+
+
+def run_history_cutoff(now: datetime, settings: ReminderSettings) -> datetime:
+    """Runs that started before this instant are pruned (REMINDER_RUN_HISTORY_DAYS)."""
+    return now - timedelta(days=settings.run_history_days)
+
+
+def prune_run_history(using: str, cutoff: datetime, *, chunk: int = RUN_HISTORY_CHUNK) -> int:
+    """Delete runs that started before `cutoff`, in bounded chunks, one transaction each."""
+    total = delete_in_chunks(
+        using, lambda size: store.prune_run_history(using, cutoff, size), chunk=chunk
+    )
+    log_event(logger, logging.INFO, "run history pruned", cutoff=cutoff, pruned=total)
+    return total
