@@ -5,24 +5,12 @@
 # it started.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/venv.sh
-source scripts/pg.sh
-pg_ensure
+source scripts/demo_db.sh
 
 DEMO_DB="${DEMO_DB:-pin_profile_demo}"
-psql "$PG_ADMIN_URL" -qc "drop database if exists $DEMO_DB with (force)" >/dev/null
-psql "$PG_ADMIN_URL" -qc "create database $DEMO_DB" >/dev/null
-export DATABASE_URL; DATABASE_URL=$(database_url "$DEMO_DB")
-# The demo needs the dev tools (mock Kafka, demo data, the documents table): dev settings.
-export DJANGO_SETTINGS_MODULE=pin_profile.settings_dev
+demo_database "$DEMO_DB"
 manage() { "$PY" manage.py "$@"; }
 
-echo "== migrate"
-manage migrate -v 0
-manage create_dev_person_documents
-manage apply_db_roles
-echo "== seed"
-manage seed_demo_documents --owners "${DEMO_OWNERS:-300}"
 echo "== one cycle, as the least-privilege worker role"
 DATABASE_URL=$(database_url "$DEMO_DB" pin_reminder_worker) LOG_FORMAT=json LOG_LEVEL=WARNING \
     manage run_expiry_reminders

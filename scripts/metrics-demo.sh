@@ -3,20 +3,10 @@
 # its metrics server, one cycle, then what Prometheus would scrape and the health endpoints.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/venv.sh
-source scripts/pg.sh
-pg_ensure
+source scripts/demo_db.sh
 
 DEMO_DB="${DEMO_DB:-pin_profile_metrics_demo}"
-psql "$PG_ADMIN_URL" -qc "drop database if exists $DEMO_DB with (force)" >/dev/null
-psql "$PG_ADMIN_URL" -qc "create database $DEMO_DB" >/dev/null
-export DATABASE_URL; DATABASE_URL=$(database_url "$DEMO_DB")
-# The demo needs the dev tools (mock Kafka, demo data, the documents table): dev settings.
-export DJANGO_SETTINGS_MODULE=pin_profile.settings_dev
-"$PY" manage.py migrate -v 0
-"$PY" manage.py create_dev_person_documents >/dev/null
-"$PY" manage.py apply_db_roles >/dev/null
-"$PY" manage.py seed_demo_documents --owners "${DEMO_OWNERS:-300}"
+demo_database "$DEMO_DB"
 
 log=$(mktemp)
 DATABASE_URL=$(database_url "$DEMO_DB" pin_reminder_worker) METRICS_ADDR=127.0.0.1:0 \
