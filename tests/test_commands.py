@@ -10,7 +10,7 @@ from django.db import connection
 
 from tests.conftest import command_env
 from tests.factories import Documents, DocumentSpec, insert_documents
-from tests.ledger import events, expiring_in, markers, run_statuses
+from tests.ledger import events, expiring_in, markers, real_today, run_statuses
 from tests.processes import Command, run_command
 
 AS_OF_ARG = "2026-11-29T03:00:00Z"
@@ -164,8 +164,9 @@ def test_parallel_instances_write_one_marker_and_one_event_per_document(
     assert sum(sent) == len(specs)  # the instances split the work; nobody sent twice
 
 
+@pytest.mark.real_clock(needs_database_clock=True)
 def test_loop_runs_a_missed_cycle_at_once_then_sleeps_until_sigterm(documents: Documents) -> None:
-    documents(expires_at=expiring_in(3))
+    documents(expires_at=expiring_in(3, base=real_today()))  # --loop runs as of the real clock
     worker = Command("run_expiry_reminders", "--loop",
                      env=command_env(REMINDER_RUN_AT_UTC="03:00", REMINDER_POLLING_INTERVAL="24h"))
 
@@ -175,7 +176,7 @@ def test_loop_runs_a_missed_cycle_at_once_then_sleeps_until_sigterm(documents: D
     code, _, stderr = worker.finish()
 
     assert code == 0, stderr
-    assert run_statuses() == ["succeeded"]
+    assert run_statuses() == ["succeeded"] and len(events()) == 1
     assert "loop stopped" in stderr
 
 

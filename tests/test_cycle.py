@@ -14,6 +14,7 @@ from tests.ledger import (
     AS_OF,
     TODAY,
     Marker,
+    database_now,
     day,
     documents_checksum,
     events,
@@ -382,17 +383,18 @@ def test_every_run_is_recorded_with_its_counters(
     assert (row.status, row.reminders_sent, row.owners_notified, row.markers_written) == (
         "succeeded", 1, 1, 2)
     assert row.finished_at is not None and row.as_of == AS_OF
-    assert row.finished_at >= row.started_at and row.started_at <= datetime.now(UTC)
+    assert row.finished_at >= row.started_at and row.started_at <= database_now()  # now() stamps it
 
 
 def test_a_run_left_running_by_a_killed_process_is_closed_as_failed(
     run: CycleRunner, documents: Documents
 ) -> None:
     killed, recent = uuid.uuid4(), uuid.uuid4()
+    now = database_now()  # the cycle ages runs with the database's now()
     ReminderRun.objects.create(run_id=killed, as_of=AS_OF, status="running", thresholds="30",
-                               started_at=datetime.now(UTC) - timedelta(hours=3))
+                               started_at=now - timedelta(hours=3))
     ReminderRun.objects.create(run_id=recent, as_of=AS_OF, status="running", thresholds="30",
-                               started_at=datetime.now(UTC) - timedelta(minutes=5))
+                               started_at=now - timedelta(minutes=5))
 
     run(AS_OF)
 

@@ -4,7 +4,7 @@ per key with two relays, claims, wake-up, retention."""
 import json
 import threading
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -18,7 +18,7 @@ from reminders import events
 from tests.conftest import CycleRunner
 from tests.contract import assert_event_valid
 from tests.factories import Documents
-from tests.ledger import AS_OF, expiring_in
+from tests.ledger import AS_OF, database_now, expiring_in
 from tests.relay_support import (
     BASE_TIME,
     RelayThread,
@@ -129,7 +129,7 @@ def test_an_insert_wakes_a_listening_relay(transactional_db: None) -> None:
 
 
 def test_retention_deletes_only_old_published_rows(transactional_db: None) -> None:
-    now = datetime.now(UTC)
+    now = database_now()  # the relay's retention is on the database's now()
     old = insert_outbox("a", created_at=now - timedelta(days=9), published_at=now - timedelta(days=8))
     recent = insert_outbox("b", created_at=now - timedelta(days=9),
                            published_at=now - timedelta(days=6))
@@ -149,7 +149,7 @@ def test_retention_deletes_only_old_published_rows(transactional_db: None) -> No
 def test_retention_works_in_bounded_chunks(transactional_db: None, chunk: int,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("outbox.relay.PRUNE_CHUNK", chunk)
-    now = datetime.now(UTC)
+    now = database_now()  # the relay's retention is on the database's now()
     for n in range(5):
         insert_outbox(f"k{n}", created_at=now - timedelta(days=10),
                       published_at=now - timedelta(days=8))
