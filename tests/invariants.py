@@ -160,6 +160,23 @@ def check_matches_model(model: ReferenceLedger, snap: Snapshot | None = None) ->
            if k in got_events and got_events[k] != want_events[k]])
 
 
+OwnerState = tuple[frozenset[Any], frozenset[Any]]
+
+
+def _by_owner(owner_of: dict[uuid.UUID, uuid.UUID], markers: set[tuple[uuid.UUID, int, bool]],
+              events: dict[tuple[uuid.UUID, date], dict[uuid.UUID, dict[str, Any]]]
+              ) -> dict[uuid.UUID, OwnerState]:
+    """Each owner's markers and events (day, items), comparable as a whole."""
+    m: dict[uuid.UUID, set[Any]] = defaultdict(set)
+    e: dict[uuid.UUID, set[Any]] = defaultdict(set)
+    for marker in markers:
+        m[owner_of.get(marker[0], marker[0])].add(marker)
+    for (owner, day), items in events.items():
+        e[owner].add((day, json.dumps(sorted(items.values(), key=lambda i: i["documentId"]),
+                                      sort_keys=True)))
+    return {o: (frozenset(m[o]), frozenset(e[o])) for o in set(m) | set(e)}
+
+
 def check_owner_atomicity(before: ReferenceLedger, after: ReferenceLedger,
                           documents: list[RefDocument],
                           snap: Snapshot | None = None) -> dict[str, int]:
@@ -167,23 +184,10 @@ def check_owner_atomicity(before: ReferenceLedger, after: ReferenceLedger,
     either all as before the day or all as after it. Returns how many owners are in each."""
     snap = snap or snapshot()
     owner_of = {doc.id: doc.owner for doc in documents}
-
-    def by_owner(markers: set[tuple[uuid.UUID, int, bool]],
-                 events: dict[tuple[uuid.UUID, date], dict[uuid.UUID, dict[str, Any]]]
-                 ) -> dict[uuid.UUID, tuple[frozenset[Any], frozenset[Any]]]:
-        m: dict[uuid.UUID, set[Any]] = defaultdict(set)
-        e: dict[uuid.UUID, set[Any]] = defaultdict(set)
-        for marker in markers:
-            m[owner_of.get(marker[0], marker[0])].add(marker)
-        for (owner, day), items in events.items():
-            e[owner].add((day, json.dumps(sorted(items.values(), key=lambda i: i["documentId"]),
-                                          sort_keys=True)))
-        return {o: (frozenset(m[o]), frozenset(e[o])) for o in set(m) | set(e)}
-
-    got = by_owner(snap.marker_set(), snap.events_by_owner_day())
-    old = by_owner(before.marker_set(), before.events)
-    new = by_owner(after.marker_set(), after.events)
-    empty: tuple[frozenset[Any], frozenset[Any]] = (frozenset(), frozenset())
+    got = _by_owner(owner_of, snap.marker_set(), snap.events_by_owner_day())
+    old = _by_owner(owner_of, before.marker_set(), before.events)
+    new = _by_owner(owner_of, after.marker_set(), after.events)
+    empty: OwnerState = (frozenset(), frozenset())
     counts = Counter[str]()
     half = []
     for owner in set(got) | set(old) | set(new):
@@ -207,3 +211,43 @@ def check_invariants(*, documents_before: str, model: ReferenceLedger | None = N
         check_matches_model(model, snap)
     assert documents_md5() == documents_before, "invariant (e) broken: person_documents changed"
     return snap
+
+
+def histories_of_recorded_runs(documents: list[RefDocument], thresholds: tuple[int, ...]
+                               ) -> list[ReferenceLedger]:
+    """The model after every history of days the recorded runs allow an owner: each UTC day
+    with a succeeded run, plus any of the days whose runs did not succeed (such a run did some
+    owners whole, and left the others to a retry that may fall on the next day)."""
+    runs = _rows("select as_of, status from document_expiry_reminder_runs order by started_at")
+    first_as_of: dict[date, Any] = {}
+    for as_of, _status in runs:
+        first_as_of.setdefault(as_of.date(), as_of)
+    succeeded = {as_of.date() for as_of, status in runs if status == "succeeded"}
+    optional = sorted(set(first_as_of) - succeeded)
+    histories = []
+    for chosen in range(2 ** len(optional)):
+        days = succeeded | {d for bit, d in enumerate(optional) if chosen >> bit & 1}
+        model = ReferenceLedger()
+        for day in sorted(days):
+            model.run(documents, first_as_of[day], thresholds)
+        histories.append(model)
+    return histories
+
+
+def check_matches_recorded_runs(documents: list[RefDocument], thresholds: tuple[int, ...],
+                                snap: Snapshot | None = None) -> int:
+    """(d) for cycles run on the real clock (`--loop`): every owner's markers and events are
+    those of one history the recorded runs allow (`histories_of_recorded_runs`). Returns how
+    many histories there were."""
+    snap = snap or snapshot()
+    histories = histories_of_recorded_runs(documents, thresholds)
+    assert histories, "no recorded run"
+    owner_of = {doc.id: doc.owner for doc in documents}
+    got = _by_owner(owner_of, snap.marker_set(), snap.events_by_owner_day())
+    allowed = [_by_owner(owner_of, model.marker_set(), model.events) for model in histories]
+    empty: OwnerState = (frozenset(), frozenset())
+    owners = set(got).union(*allowed)
+    _fail("(d) owner's markers and events match no history of the recorded runs",
+          sorted((o for o in owners
+                  if all(got.get(o, empty) != states.get(o, empty) for states in allowed)), key=str))
+    return len(histories)
