@@ -82,6 +82,7 @@ def ledger(transactional_db: None) -> dict[str, Any]:
     return {"owner": owners[0], "viewer": staff_viewer()}
 
 
+@pytest.mark.real_clock
 def test_staff_viewer_browses_the_ledger_read_only(
     browser: WebDriver, live_server: Any, ledger: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:

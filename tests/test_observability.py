@@ -37,6 +37,7 @@ def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
+@pytest.mark.real_clock
 def test_a_cycle_counts_reminders_per_threshold_duration_and_last_success(
     documents: Documents,
 ) -> None:
@@ -239,6 +240,7 @@ def _insert_run(started_at: datetime, status: str, finished: bool = True) -> uui
     return run_id
 
 
+@pytest.mark.real_clock
 def test_run_history_is_pruned_by_age(transactional_db: None) -> None:
     now = datetime.now(UTC)
     old = [_insert_run(now - timedelta(days=d), "succeeded") for d in (91, 200)]
@@ -260,6 +262,7 @@ def test_run_history_days_setting() -> None:
         load_settings({"REMINDER_RUN_HISTORY_DAYS": "0"})
 
 
+@pytest.mark.real_clock
 def test_liveness_from_run_history(transactional_db: None) -> None:
     budget = timedelta(minutes=10)
     with as_worker():
@@ -291,6 +294,7 @@ def _health(**env: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60, check=False)
 
 
+@pytest.mark.real_clock
 def test_health_command_exit_codes(transactional_db: None) -> None:
     assert _health().returncode == 1  # no cycle has ever run
     _insert_run(datetime.now(UTC) - timedelta(hours=3), "succeeded")
@@ -304,6 +308,7 @@ def test_health_command_exit_codes(transactional_db: None) -> None:
     assert unreachable.returncode == 3, unreachable.stderr
 
 
+@pytest.mark.real_clock
 def test_prune_command_prunes_the_run_history(transactional_db: None) -> None:
     now = datetime.now(UTC)
     _insert_run(now - timedelta(days=40), "succeeded")
