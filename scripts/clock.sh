@@ -32,10 +32,13 @@ clock_scenarios() {
         echo "== pytest -m real_clock, the clock at $at (UTC)"
         set +e
         # FAKETIME holds a relative offset in seconds, re-read on every call (NO_CACHE) so
-        # that the fixture can move it; monotonic clocks stay real for deadlines, and the
-        # shim's sitecustomize works around libfaketime's failing time.sleep.
+        # that the fixture can move it. Only Python processes (pytest, the worker) are faked:
+        # chromium does not start under libfaketime. Monotonic clocks stay real for deadlines;
+        # the shim's sitecustomize works around libfaketime's failing time.sleep, and without
+        # FORCE_MONOTONIC_FIX=0 its timed waits starve Python's thread switches.
         LD_PRELOAD="$FAKETIME_LIB${LD_PRELOAD:+:$LD_PRELOAD}" FAKETIME="+0" FAKETIME_NO_CACHE=1 \
-            FAKETIME_DONT_FAKE_MONOTONIC=1 TEST_CLOCK_AT="$at" \
+            FAKETIME_ONLY_CMDS=python,python3,python3.11 FAKETIME_DONT_FAKE_MONOTONIC=1 \
+            FAKETIME_FORCE_MONOTONIC_FIX=0 TEST_CLOCK_AT="$at" \
             PYTHONPATH="$ROOT/tests/faketime_shim${PYTHONPATH:+:$PYTHONPATH}" \
             "$VENV/bin/pytest" -m real_clock -p no:cacheprovider "$@"
         status=$?

@@ -110,7 +110,8 @@ class Worker:
 
     def wait_logged(self, event: str, *, count: int = 1, timeout: float = 30) -> None:
         wait_until(lambda: len(self.logged(event)) >= count or self.proc.poll() is not None,
-                   timeout=timeout, what=f"log line {event!r} x{count}")
+                   timeout=timeout, what=f"log line {event!r} x{count}; last lines:\n"
+                   + "\n".join(self.lines[-8:]))
         if len(self.logged(event)) < count:
             raise AssertionError(f"worker exited {self.proc.returncode} before logging "
                                  f"{event!r}:\n" + "\n".join(self.lines[-20:]))

@@ -107,11 +107,16 @@ def test_loop_reconnects_with_backoff_after_its_sessions_are_terminated(
     docs = documents_from_database()
 
     worker = Worker.start("--loop", REMINDER_BATCH_SIZE="5", LOG_LEVEL="INFO")
-    wait_until(lambda: outbox_count() >= 20, timeout=60, what="the first cycle's events")
-    ended = terminate_worker_sessions()
-    worker.wait_logged("sleeping until next tick", timeout=120)
-    worker.proc.send_signal(signal.SIGTERM)
-    code, _ = worker.finish()
+    try:
+        wait_until(lambda: outbox_count() >= 20, timeout=60, what="the first cycle's events")
+        ended = terminate_worker_sessions()
+        worker.wait_logged("sleeping until next tick", timeout=120)
+        worker.proc.send_signal(signal.SIGTERM)
+        code, _ = worker.finish()
+    finally:
+        if worker.proc.poll() is None:  # a failed wait leaves no loop sleeping until 03:00
+            worker.proc.kill()
+            worker.finish()
 
     assert code == 0, worker.lines[-5:]
     retries = worker.logged("database unavailable, retrying")

@@ -85,22 +85,25 @@ def marking_held() -> Iterator[psycopg.Connection[Any]]:
                            " drop function if exists hold_outbox_mark()")
 
 
+# Sessions of the relay role in this test database only: other suites share the server.
+RELAY_SESSIONS = "pg_stat_activity where usename = %s and datname = current_database()"
+
+
 def relay_blocked_on_mark() -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
-            "select count(*) from pg_stat_activity where usename = %s"
+            f"select count(*) from {RELAY_SESSIONS}"
             " and wait_event_type = 'Lock' and wait_event = 'advisory'", [RELAY_ROLE])
         return int(cursor.fetchone()[0]) > 0
 
 
 def end_relay_sessions() -> None:
     with connection.cursor() as cursor:
-        cursor.execute("select pg_terminate_backend(pid) from pg_stat_activity where usename = %s",
-                       [RELAY_ROLE])
+        cursor.execute(f"select pg_terminate_backend(pid) from {RELAY_SESSIONS}", [RELAY_ROLE])
 
     def gone() -> bool:
         with connection.cursor() as cursor:
-            cursor.execute("select count(*) from pg_stat_activity where usename = %s", [RELAY_ROLE])
+            cursor.execute(f"select count(*) from {RELAY_SESSIONS}", [RELAY_ROLE])
             return int(cursor.fetchone()[0]) == 0
 
     wait_for(gone, timeout=30, what="the relay's sessions to end")
