@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The test command: lint (ruff), types (mypy strict), then pytest against real PostgreSQL.
+# The test command: lint (ruff), types (mypy strict), then pytest against real PostgreSQL,
+# then (without extra arguments) the tests that read the real clock again under a faked
+# clock: before and after UTC midnight and on 2028-02-29 (scripts/clock.sh).
 # Installs what it needs (a venv with the pinned requirements; Debian's postgresql if no
-# server answers; Debian's prometheus for the alert-rule and scrape tests). Extra arguments
-# go to pytest, e.g. scripts/test.sh -k cycle.
+# server answers; Debian's prometheus for the alert-rule and scrape tests; Debian's faketime).
+# Extra arguments go to pytest, e.g. scripts/test.sh -k cycle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
@@ -13,6 +15,7 @@ prometheus_ensure
 
 source scripts/browser.sh
 browser_ensure
+source scripts/clock.sh
 
 # Tests create and drop their own database (test_<name>) on this server.
 export DATABASE_URL="${TEST_DATABASE_URL:-$(database_url pin_profile)}"
@@ -30,4 +33,7 @@ if [ "$status" -eq 5 ]; then
     echo "test.sh: pytest collected no tests: that is a failure" >&2
     exit 1
 fi
-exit "$status"
+if [ "$status" -ne 0 ] || [ "$#" -ne 0 ]; then
+    exit "$status"
+fi
+clock_scenarios

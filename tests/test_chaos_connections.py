@@ -3,7 +3,7 @@ the middle of a cycle. A single run reports the failure and exits 1, and the nex
 completes; in --loop mode the worker reconnects with backoff and carries on."""
 
 import signal
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 
 import psycopg
@@ -21,16 +21,17 @@ from tests.chaos import (
     terminate_worker_waiting_on_a_lock,
     wait_until,
 )
-from tests.conftest import test_database_url
+from tests.conftest import CycleRunner, test_database_url
 from tests.factories import Documents
 from tests.invariants import (
     check_invariants,
+    check_matches_model,
     check_matches_recorded_runs,
     check_owner_atomicity,
     check_structure,
     documents_md5,
 )
-from tests.ledger import day
+from tests.ledger import AS_OF, day, expiring_in
 from tests.reference import ReferenceLedger, documents_from_database
 
 DOCUMENTS = 6_000
@@ -131,3 +132,30 @@ def test_loop_reconnects_with_backoff_after_its_sessions_are_terminated(
         "lost connections (--loop)", documents=loaded, cycles=len(statuses), histories=histories,
         sessions_terminated=ended, retries=len(retries),
         retry_in_s=[r["retry_in_s"] for r in retries], statuses=statuses, lost=0, duplicated=0)
+
+
+def test_a_retry_after_utc_midnight_matches_a_history_of_the_recorded_runs(
+    run: CycleRunner, documents: Documents,
+) -> None:
+    """What the --loop scenarios above check with: a cycle stopped after some owners, and its
+    retry on the next UTC day, as a loop on the real clock may run them."""
+    for days_left in (2, 3, 4, 5, 6):
+        documents(expires_at=expiring_in(days_left))
+    fake_clock = [0.0]
+
+    def tick(_done: int, _total: int) -> None:
+        fake_clock[0] += 10.0  # each batch "takes" ten seconds: the budget stops the cycle
+
+    first = run(AS_OF, batch_size=1, max_run_duration=timedelta(seconds=25),
+                clock=lambda: fake_clock[0], progress=tick)
+    retry = run(day(1))
+    docs = documents_from_database()
+
+    assert (first.status, first.owners_notified, retry.status) == ("timed_out", 3, "succeeded")
+    assert check_matches_recorded_runs(docs, DEFAULT_THRESHOLDS) == 2
+    for days in ([day(1)], [AS_OF, day(1)]):  # one as-of only, or every day for every owner
+        model = ReferenceLedger()
+        for as_of in days:
+            model.run(docs, as_of, DEFAULT_THRESHOLDS)
+        with pytest.raises(AssertionError, match=r"invariant \(d\)"):
+            check_matches_model(model)
