@@ -169,11 +169,15 @@ def test_loop_runs_a_missed_cycle_at_once_then_sleeps_until_sigterm(documents: D
     documents(expires_at=expiring_in(3, base=real_today()))  # --loop runs as of the real clock
     worker = Command("run_expiry_reminders", "--loop",
                      env=command_env(REMINDER_RUN_AT_UTC="03:00", REMINDER_POLLING_INTERVAL="24h"))
-
-    worker.wait_for_event("cycle completed")
-    worker.wait_for_event("sleeping until next tick")
-    worker.process.send_signal(signal.SIGTERM)
-    code, _, stderr = worker.finish()
+    try:
+        worker.wait_for_event("cycle completed")
+        worker.wait_for_event("sleeping until next tick")
+        worker.process.send_signal(signal.SIGTERM)
+        code, _, stderr = worker.finish()
+    finally:
+        if worker.process.poll() is None:  # a failed wait leaves no loop running cycles
+            worker.process.kill()
+            worker.finish()
 
     assert code == 0, stderr
     assert run_statuses() == ["succeeded"] and len(events()) == 1
