@@ -6,11 +6,12 @@ import json
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,34 @@ def _json(line: str) -> dict[str, Any]:
 def admin_server(env: dict[str, str], port: int = 0) -> Iterator[AdminServer]:
     """gunicorn for the block; stopped (and its exit code checked) afterwards."""
     server = AdminServer(env, port)
+    try:
+        yield server
+    finally:
+        code = server.stop()
+    assert code == 0, "\n".join(server.lines[-30:])
+
+
+def free_port() -> int:
+    """A loopback port free now (another process may take it before gunicorn binds it)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@contextmanager
+def admin_server_on_a_known_port(env_for: Callable[[int], dict[str, str]],
+                                 attempts: int = 3) -> Iterator[AdminServer]:
+    """gunicorn on a port chosen before it starts (for settings that name the port), trying
+    another port when one was taken in between."""
+    for attempt in range(attempts):
+        port = free_port()
+        try:
+            server = AdminServer(env_for(port), port)
+        except AssertionError as exc:
+            if "in use" in str(exc) and attempt < attempts - 1:
+                continue
+            raise
+        break
     try:
         yield server
     finally:
