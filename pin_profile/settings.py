@@ -5,6 +5,7 @@ Only what Django itself needs lives here. The worker's own settings
 value fails the command with a clear message instead of at import time.
 """
 
+import re
 import warnings
 from pathlib import Path
 
@@ -151,3 +152,44 @@ MIDDLEWARE = [
     *MIDDLEWARE,
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
+
+# --- The admin as a production web process (issue 13, part 3) ------------------------------
+# Static files, the secret key, HTTPS and cookies of the admin under gunicorn
+# (pin_profile/gunicorn_conf.py). README "Deployment" lists the variables; the worker and the
+# relay sign nothing and serve no pages, so none of these matter to them.
+
+# The default of DJANGO_SECRET_KEY above: pin_profile/wsgi.py refuses it when DEBUG is off.
+DEV_SECRET_KEY = "dev-only-insecure-key-change-me"  # noqa: S105 - published on purpose
+
+_FLAG_VALUES = {"1": True, "true": True, "yes": True, "on": True,
+                "0": False, "false": False, "no": False, "off": False}
+
+
+def _env_flag(name: str, default: bool = False) -> bool:
+    """on/off, true/false, yes/no or 1/0; anything else is a configuration error naming it."""
+    raw = env.str(name, default="on" if default else "off").strip().lower()
+    if raw not in _FLAG_VALUES:
+        raise ImproperlyConfigured(f"{name}: expected on or off (true/false, yes/no, 1/0), got {raw!r}")
+    return _FLAG_VALUES[raw]
+
+
+# WhiteNoise serves the collected files (collectstatic, in the image) from the process itself.
+STATIC_ROOT = Path(env.str("DJANGO_STATIC_ROOT", default=str(STATIC_ROOT)))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+                  "whitenoise.middleware.WhiteNoiseMiddleware")
+
+# HTTPS: set these where a TLS proxy fronts the admin (it passes X-Forwarded-Proto to gunicorn).
+SECURE_SSL_REDIRECT = _env_flag("DJANGO_SECURE_SSL_REDIRECT")
+SECURE_HSTS_SECONDS = _env_int("DJANGO_SECURE_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = _env_flag("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS")
+SECURE_HSTS_PRELOAD = _env_flag("DJANGO_SECURE_HSTS_PRELOAD")
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = _env_flag("DJANGO_SECURE_COOKIES")
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+for _origin in CSRF_TRUSTED_ORIGINS:
+    if not re.fullmatch(r"https?://[^/\s?#]+", _origin):
+        raise ImproperlyConfigured(
+            f"DJANGO_CSRF_TRUSTED_ORIGINS: expected origins like https://admin.example.com, got {_origin!r}")

@@ -15,6 +15,7 @@ PERSON_DOCUMENTS_SQL = SQL_DIR / "person_documents.sql"
 ROLES_SQL = SQL_DIR / "roles.sql"
 WORKER_ROLE = "pin_reminder_worker"
 RELAY_ROLE = "pin_outbox_relay"
+ADMIN_WEB_ROLE = "pin_admin_web"
 
 DOCUMENT_TYPES = ("Passport", "InternationalPassport", "DriverLicense", "ResidencePermit", "Visa")
 NO_EXPIRY_TYPES = ("Passport", "Inn", "Snils")

