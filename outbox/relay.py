@@ -137,6 +137,8 @@ class Relay:
         self.heartbeat = heartbeat  # beaten every loop iteration: /healthz of publish_outbox --loop
         self._producer: Producer | None = None
         self._fatal: KafkaError | None = None
+        self._refused: KafkaError | None = None  # the first refusal: the relay stops on it
+        self._errors = kafka.RepeatFilter()
         self._stop_seen_at: float | None = None
         self._relaxed: object | None = None
 
@@ -155,8 +157,27 @@ class Relay:
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
             self._fatal = error
-        log_event(logger, logging.WARNING, "kafka client error", relay_id=self.relay_id,
-                  error=kafka.describe(error))
+        if kafka.refused(error):
+            if self._refused is None:
+                self._refused = error
+                log_event(logger, logging.ERROR, "kafka refused the relay",
+                          relay_id=self.relay_id, error=kafka.describe(error))
+            return
+        if self._refused is not None and error.code() == KafkaError._ALL_BROKERS_DOWN:
+            return  # the refusal's consequence, already said
+        if self._errors.fresh(kafka.describe(error)):
+            log_event(logger, logging.WARNING, "kafka client error", relay_id=self.relay_id,
+                      error=kafka.describe(error))
+
+    def _check_refused(self) -> None:
+        """Raise KafkaRefusedError once the broker refused the credentials or the handshake."""
+        if self._refused is not None:
+            raise kafka.refusal(self._refused, self.settings)
+
+    def connect(self) -> None:
+        """Start the producer now (it connects at once), so a refusal shows before any event."""
+        self.producer.poll(0)
+        self._check_refused()
 
     def _produce(self, producer: Producer, message: store.ClaimedMessage,
                  deliveries: dict[uuid.UUID, _Delivery]) -> None:
@@ -191,7 +212,7 @@ class Relay:
                     self._stop_seen_at = now
                 deadline = min(deadline,
                                self._stop_seen_at + self.settings.shutdown_grace.total_seconds())
-            if now >= deadline:
+            if now >= deadline or self._refused is not None:
                 # Whatever is still in flight is released, and delivered again later if need be.
                 producer.purge(in_queue=True, in_flight=True, blocking=False)
                 producer.poll(0)
@@ -202,6 +223,7 @@ class Relay:
 
     def _claim_and_produce(self) -> "_Batch | None":
         """Claim a batch (committed at once) and hand it to the producer; None if none."""
+        self._check_refused()
         if self._relaxed is None or self._relaxed is not connections[self.using].connection:
             # Once per database session: commits need no WAL flush wait (a lost claim or mark
             # after a database crash only means sending those rows again).
@@ -240,7 +262,8 @@ class Relay:
         in_flight: deque[_Batch] = deque()
         claiming = True
         while True:
-            while claiming and len(in_flight) < PIPELINE_DEPTH and not self.stop.is_set():
+            while (claiming and len(in_flight) < PIPELINE_DEPTH and not self.stop.is_set()
+                   and self._refused is None):
                 batch = self._claim_and_produce()
                 if batch is None:
                     claiming = False
@@ -252,6 +275,8 @@ class Relay:
             total.merge(outcome)
             if outcome.broker_unavailable:
                 claiming = False
+            if self._refused is not None and not in_flight:
+                self._check_refused()  # every claimed row released first
 
     def _record(self, claimed: list[store.ClaimedMessage],
                 deliveries: dict[uuid.UUID, _Delivery]) -> BatchOutcome:
@@ -283,7 +308,7 @@ class Relay:
         for message_id in outcome.parked:
             log_event(logger, logging.ERROR, "message parked", relay_id=self.relay_id,
                       message_id=message_id, attempts=self.settings.max_attempts)
-        if unavailable:
+        if unavailable and self._refused is None:
             log_event(logger, logging.WARNING, "broker unavailable, messages released",
                       relay_id=self.relay_id, released=len(unavailable),
                       error=kafka.describe(first_unavailable) if first_unavailable else "no report")
@@ -342,9 +367,11 @@ class Relay:
                   poll_interval_s=self.settings.poll_interval.total_seconds())
         try:
             wakeup.listen()
+            self.connect()
             while not self.stop.is_set():
                 if self.heartbeat is not None:
                     self.heartbeat.beat()
+                self.connect()
                 try:
                     if time.monotonic() >= next_prune:
                         self.prune()

@@ -4,6 +4,7 @@ tests check it. A fresh consumer group each time, so nothing is skipped or commi
 import json
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,10 +30,13 @@ class Record:
         return json.loads(self.value)
 
 
-def read_topic(bootstrap: str, topic: str = events.TOPIC, *, timeout: float = 30.0) -> list[Record]:
+def read_topic(bootstrap: str, topic: str = events.TOPIC, *, timeout: float = 30.0,
+               security: Mapping[str, Any] | None = None) -> list[Record]:
     """Every record now in `topic` (all partitions, from the start, up to the end offsets seen
-    when called), in partition then offset order."""
+    when called), in partition then offset order; `security` adds librdkafka's TLS and SASL
+    properties (outbox.kafka.security_config)."""
     consumer = Consumer({
+        **(security or {}),
         "bootstrap.servers": bootstrap,
         "group.id": f"read-topic-{uuid.uuid4()}",
         "enable.auto.commit": False,
