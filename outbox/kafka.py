@@ -75,6 +75,10 @@ UNAVAILABLE_CODES = frozenset({
     KafkaError.BROKER_NOT_AVAILABLE,
     KafkaError.COORDINATOR_NOT_AVAILABLE,
     KafkaError.KAFKA_STORAGE_ERROR,
+    # The idempotent producer's state, not the message: a restarted broker forgot the producer.
+    KafkaError.UNKNOWN_PRODUCER_ID,
+    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    KafkaError.INVALID_PRODUCER_EPOCH,
 })
 
 # The message can never go out as it is: too large, no such topic, not authorised, invalid.
@@ -117,6 +121,8 @@ def refused(error: KafkaError) -> bool:
 def broker_unavailable(error: KafkaError) -> bool:
     """True when `error` says nothing about the message, only that Kafka could not be reached."""
     code = error.code()
+    if error.fatal():
+        return True  # the producer failed (a new one takes over), not the message
     if code in UNDELIVERABLE_CODES:
         return False
     return code in UNAVAILABLE_CODES or bool(error.retriable())

@@ -7,6 +7,7 @@ an attempt counted, and undeliverable rows get an attempt counted, a retry delay
 parked after `max_attempts`. No transaction is open during any Kafka call.
 """
 
+import contextlib
 import functools
 import logging
 import random
@@ -150,6 +151,8 @@ class Relay:
             if self._fatal is not None:
                 log_event(logger, logging.ERROR, "producer failed fatally, starting a new one",
                           relay_id=self.relay_id, error=kafka.describe(self._fatal))
+                if self._producer is not None:
+                    self._drop(self._producer)
             self._fatal = None
             self._producer = kafka.new_producer(self.settings, self.relay_id, self._on_error)
         return self._producer
@@ -169,6 +172,25 @@ class Relay:
             log_event(logger, logging.WARNING, "kafka client error", relay_id=self.relay_id,
                       error=kafka.describe(error))
 
+    def _poll(self, producer: Producer, timeout: float) -> bool:
+        """Serve callbacks; False if the producer failed fatally (poll raises that, for instance
+        an idempotent producer whose broker forgot it: UNKNOWN_PRODUCER_ID after a restart)."""
+        try:
+            producer.poll(timeout)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (isinstance(error, KafkaError) and error.fatal()):
+                raise
+            self._fatal = self._fatal or error
+            return False
+        return True
+
+    def _drop(self, producer: Producer) -> None:
+        """Purge a failed producer: its messages get their (failed) reports, nothing lingers."""
+        with contextlib.suppress(KafkaException):  # a failed producer may refuse; reports come
+            producer.purge(in_queue=True, in_flight=True, blocking=False)
+        self._poll(producer, 0)
+
     def _check_refused(self) -> None:
         """Raise KafkaRefusedError once the broker refused the credentials or the handshake."""
         if self._refused is not None:
@@ -176,7 +198,7 @@ class Relay:
 
     def connect(self) -> None:
         """Start the producer now (it connects at once), so a refusal shows before any event."""
-        self.producer.poll(0)
+        self._poll(self.producer, 0)
         self._check_refused()
 
     def _produce(self, producer: Producer, message: store.ClaimedMessage,
@@ -196,9 +218,14 @@ class Relay:
                 )
                 return
             except BufferError:
-                producer.poll(0.05)  # the local queue is full: let deliveries drain it
+                if not self._poll(producer, 0.05):  # the local queue is full: let it drain
+                    deliveries[message.id] = _Delivery(self._fatal)
+                    return
             except KafkaException as exc:
-                deliveries[message.id] = _Delivery(exc.args[0])
+                error = exc.args[0]
+                if isinstance(error, KafkaError) and error.fatal():
+                    self._fatal = self._fatal or error
+                deliveries[message.id] = _Delivery(error)
                 return
 
     def _await_batch(self, producer: Producer, batch: "_Batch") -> None:
@@ -212,12 +239,14 @@ class Relay:
                     self._stop_seen_at = now
                 deadline = min(deadline,
                                self._stop_seen_at + self.settings.shutdown_grace.total_seconds())
-            if now >= deadline or self._refused is not None:
+            # Refused, failed fatally, or already replaced: no report will come from it.
+            failed = (self._refused is not None or self._fatal is not None
+                      or producer is not self._producer)
+            if now >= deadline or failed:
                 # Whatever is still in flight is released, and delivered again later if need be.
-                producer.purge(in_queue=True, in_flight=True, blocking=False)
-                producer.poll(0)
+                self._drop(producer)
                 break
-            producer.poll(min(FLUSH_SLICE_S, deadline - now))
+            self._poll(producer, min(FLUSH_SLICE_S, deadline - now))
 
     # --- batches ---------------------------------------------------------------------------
 
@@ -240,7 +269,7 @@ class Relay:
         batch = _Batch(claimed, {}, deadline, producer)
         for message in claimed:
             self._produce(producer, message, batch.deliveries)
-        producer.poll(0)
+        self._poll(producer, 0)
         return batch
 
     def _finish(self, batch: "_Batch") -> BatchOutcome:
@@ -403,5 +432,8 @@ class Relay:
     def close(self) -> None:
         """Let the producer finish (nothing is in flight between batches) and drop it."""
         if self._producer is not None:
-            self._producer.flush(self.settings.shutdown_grace.total_seconds())
+            try:
+                self._producer.flush(self.settings.shutdown_grace.total_seconds())
+            except KafkaException:
+                self._drop(self._producer)  # failed fatally: nothing left to wait for
             self._producer = None

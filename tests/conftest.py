@@ -99,8 +99,8 @@ def new_uuid() -> uuid.UUID:
 
 __all__ = ["CycleRunner", "command_env", "insert_documents", "manage_py", "new_uuid"]
 
-# The relay's fixtures (a mock Kafka cluster per test).
-pytest_plugins = ["tests.relay_support"]
+# The relay's fixtures: a mock Kafka cluster, or a Tansu broker process, per test.
+pytest_plugins = ["tests.relay_support", "tests.tansu_support"]
 
 
 # --- chaos scenarios (issue 7): what each one tried, in the session summary ---------------
