@@ -108,6 +108,14 @@ REFUSED_CODES = frozenset({
 })
 
 
+# A TLS alert from the broker's side after the handshake (TLS 1.3 sends "certificate required"
+# that way): librdkafka reports a transport error, but the broker refused the client's
+# certificate, and no retry changes that.
+_TLS_REFUSAL = re.compile(r"SSL routines::.*alert (certificate required|bad certificate|unknown ca"
+                          r"|certificate unknown|certificate revoked|certificate expired"
+                          r"|access denied|handshake failure)")
+
+
 class KafkaRefusedError(RuntimeError):
     """The broker refused the relay's credentials or TLS handshake; the message says which
     settings to check and carries no secret."""
@@ -115,6 +123,8 @@ class KafkaRefusedError(RuntimeError):
 
 def refused(error: KafkaError) -> bool:
     """True when `error` says the broker will not let this client in as configured."""
+    if error.code() == KafkaError._TRANSPORT:
+        return bool(_TLS_REFUSAL.search(error.str()))
     return error.code() in REFUSED_CODES
 
 
@@ -136,9 +146,10 @@ def describe(error: KafkaError) -> str:
 def refusal(error: KafkaError, settings: RelaySettings) -> KafkaRefusedError:
     """The one line an operator reads when the broker refused the relay."""
     security = settings.security
-    if error.code() == KafkaError._SSL:
+    if error.code() in {KafkaError._SSL, KafkaError._TRANSPORT}:
         check = ("KAFKA_SSL_CA_LOCATION (the CA that signed the broker's certificate), "
-                 "KAFKA_SSL_ENDPOINT_IDENTIFICATION and the client certificate")
+                 "KAFKA_SSL_ENDPOINT_IDENTIFICATION, and KAFKA_SSL_CERTIFICATE_LOCATION and "
+                 "KAFKA_SSL_KEY_LOCATION (the client certificate the broker may demand)")
     else:
         check = "KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD"
     how = security.protocol + (f" {security.sasl_mechanism}" if security.uses_sasl else "")
