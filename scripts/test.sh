@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test command: lint (ruff), types (mypy strict), then pytest against real PostgreSQL.
 # Installs what it needs (a venv with the pinned requirements; Debian's postgresql if no
-# server answers; Debian's prometheus for the alert-rule and scrape tests). Extra arguments
+# server answers; Debian's prometheus for the alert-rule and scrape tests; Debian's socat and
+# openssl for the relay's TLS tests; the Tansu broker comes in the venv). Extra arguments
 # go to pytest, e.g. scripts/test.sh -k cycle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,9 @@ prometheus_ensure
 
 source scripts/browser.sh
 browser_ensure
+
+source scripts/tls.sh
+tls_tools_ensure
 
 # Tests create and drop their own database (test_<name>) on this server.
 export DATABASE_URL="${TEST_DATABASE_URL:-$(database_url pin_profile)}"
