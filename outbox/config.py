@@ -2,13 +2,55 @@
 Kafka work, the way `reminders.config` does it: every problem raises `ConfigError` naming the
 variable, and the commands turn it into one line on stderr and exit code 2."""
 
+import json
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 
 from reminders.config import ConfigError, parse_duration, parse_positive_int
 
 BOOTSTRAP_VAR = "KAFKA_BOOTSTRAP_SERVERS"
+PROPERTIES_VAR = "KAFKA_PRODUCER_CONFIG"
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+# A librdkafka property value, as KAFKA_PRODUCER_CONFIG may give it.
+Scalar = str | int | float | bool
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    """A password: never shown by repr() or str(), so no log line or exception carries it."""
+
+    value: str = field(repr=False)
+
+    def __str__(self) -> str:
+        return "***"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSecurity:
+    """How the relay authenticates to Kafka and verifies it (KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_*,
+    KAFKA_SSL_*); docs/outbox-relay.md, "A secured Kafka"."""
+
+    protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: Secret | None = None
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    ssl_key_password: Secret | None = None
+    ssl_endpoint_identification: bool = True
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.protocol.endswith("SSL")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +68,9 @@ class RelaySettings:
     backoff_initial: timedelta = timedelta(seconds=1)
     backoff_max: timedelta = timedelta(minutes=1)
     linger: timedelta = timedelta(milliseconds=5)
+    security: KafkaSecurity = KafkaSecurity()
+    # Further librdkafka properties from KAFKA_PRODUCER_CONFIG; outbox.kafka refuses the guarded.
+    extra_properties: tuple[tuple[str, Scalar], ...] = ()
 
     def with_overrides(self, **changes: object) -> "RelaySettings":
         """A copy with overrides applied (None means keep)."""
@@ -51,8 +96,86 @@ def _millis(name: str, raw: str) -> timedelta:
     return parse_duration(name, raw)
 
 
+def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
+    value = raw.strip().upper()
+    if value not in choices:
+        raise ConfigError(name, f"expected one of {', '.join(choices)}, got {raw!r}")
+    return value
+
+
+def _readable_file(name: str, raw: str) -> str:
+    path = raw.strip()
+    if not path or not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise ConfigError(name, f"no readable file at {path!r}")
+    return path
+
+
+def load_security(environ: Mapping[str, str]) -> KafkaSecurity:
+    """KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_* and KAFKA_SSL_*, each checked against the protocol:
+    a SASL or TLS setting the protocol would ignore is refused, not silently dropped."""
+    protocol = _choice("KAFKA_SECURITY_PROTOCOL", environ.get("KAFKA_SECURITY_PROTOCOL",
+                                                              "PLAINTEXT"), PROTOCOLS)
+    sasl, tls = protocol.startswith("SASL_"), protocol.endswith("SSL")
+
+    def get(name: str, *, needs: bool, required: bool = False) -> str | None:
+        raw = environ.get(name)
+        if raw is not None and not needs:
+            wanted = "SASL_PLAINTEXT or SASL_SSL" if "SASL" in name else "SSL or SASL_SSL"
+            raise ConfigError(name, f"set, but KAFKA_SECURITY_PROTOCOL is {protocol} "
+                                    f"(it needs {wanted})")
+        if (raw is None or raw == "") and required:
+            raise ConfigError(name, f"required with KAFKA_SECURITY_PROTOCOL={protocol}")
+        if raw is not None and raw.strip() == "":
+            raise ConfigError(name, "empty")
+        return raw
+
+    mechanism = get("KAFKA_SASL_MECHANISM", needs=sasl, required=sasl)
+    username = get("KAFKA_SASL_USERNAME", needs=sasl, required=sasl)
+    password = get("KAFKA_SASL_PASSWORD", needs=sasl, required=sasl)  # never echoed
+    ca, cert, key, key_password, identify = (
+        get(f"KAFKA_SSL_{name}", needs=tls) for name in
+        ("CA_LOCATION", "CERTIFICATE_LOCATION", "KEY_LOCATION", "KEY_PASSWORD",
+         "ENDPOINT_IDENTIFICATION"))
+    if (cert is None) != (key is None):
+        missing = "KAFKA_SSL_KEY_LOCATION" if key is None else "KAFKA_SSL_CERTIFICATE_LOCATION"
+        raise ConfigError(missing, "required with the other half of the client certificate")
+    if key_password is not None and key is None:
+        raise ConfigError("KAFKA_SSL_KEY_PASSWORD", "set, but KAFKA_SSL_KEY_LOCATION is not")
+    if identify is not None and identify.strip().lower() not in {"https", "none"}:
+        raise ConfigError("KAFKA_SSL_ENDPOINT_IDENTIFICATION",
+                          f"expected https (verify the broker's host name) or none, got {identify!r}")
+    return KafkaSecurity(
+        protocol=protocol,
+        sasl_mechanism=_choice("KAFKA_SASL_MECHANISM", mechanism, SASL_MECHANISMS)
+        if mechanism is not None else None,
+        sasl_username=username.strip() if username is not None else None,
+        sasl_password=Secret(password) if password is not None else None,
+        ssl_ca_location=_readable_file("KAFKA_SSL_CA_LOCATION", ca) if ca is not None else None,
+        ssl_certificate_location=_readable_file("KAFKA_SSL_CERTIFICATE_LOCATION", cert)
+        if cert is not None else None,
+        ssl_key_location=_readable_file("KAFKA_SSL_KEY_LOCATION", key) if key is not None else None,
+        ssl_key_password=Secret(key_password) if key_password is not None else None,
+        ssl_endpoint_identification=identify is None or identify.strip().lower() == "https",
+    )
+
+
+def parse_properties(name: str, raw: str) -> tuple[tuple[str, Scalar], ...]:
+    """A JSON object of librdkafka properties with scalar values; its text is never echoed (it
+    may hold a secret)."""
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(name, f"not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError(name, "expected a JSON object of librdkafka properties")
+    for key, value in parsed.items():
+        if not key.strip() or not isinstance(value, str | int | float | bool):
+            raise ConfigError(name, f"property {key!r}: expected a string, number or boolean")
+    return tuple(sorted(parsed.items()))
+
+
 def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True) -> RelaySettings:
-    """Read KAFKA_BOOTSTRAP_SERVERS and OUTBOX_* from `environ`; defaults for what is unset."""
+    """Read KAFKA_* and OUTBOX_* from `environ`; defaults for what is unset."""
     defaults = RelaySettings()
     bootstrap = ""
     raw_bootstrap = environ.get(BOOTSTRAP_VAR)
@@ -84,6 +207,9 @@ def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True) 
         backoff_initial=duration("OUTBOX_BACKOFF_INITIAL", defaults.backoff_initial),
         backoff_max=duration("OUTBOX_BACKOFF_MAX", defaults.backoff_max),
         linger=linger,
+        security=load_security(environ),
+        extra_properties=parse_properties(PROPERTIES_VAR, environ[PROPERTIES_VAR])
+        if PROPERTIES_VAR in environ else (),
     )
     validate(settings)
     return settings

@@ -5,7 +5,8 @@
 # the tests that read the real clock again under a faked clock: before and after UTC midnight
 # and on 2028-02-29 (scripts/clock.sh).
 # Installs what it needs (a venv with the pinned requirements; Debian's postgresql if no
-# server answers; Debian's prometheus for the alert-rule and scrape tests; Debian's faketime).
+# server answers; Debian's prometheus for the alert-rule and scrape tests; Debian's faketime;
+# Debian's socat and openssl for the relay's TLS tests; the Tansu broker comes in the venv).
 # Extra arguments go to pytest, e.g. scripts/test.sh -k cycle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +19,9 @@ prometheus_ensure
 source scripts/browser.sh
 browser_ensure
 source scripts/clock.sh
+
+source scripts/tls.sh
+tls_tools_ensure
 
 # Tests create and drop their own database (test_<name>) on this server.
 export DATABASE_URL="${TEST_DATABASE_URL:-$(database_url pin_profile)}"

@@ -146,8 +146,8 @@ def _clock_at(request: pytest.FixtureRequest) -> Iterator[None]:
         os.environ["FAKETIME"] = before
 
 
-# The relay's fixtures (a mock Kafka cluster per test).
-pytest_plugins = ["tests.relay_support"]
+# The relay's fixtures: a mock Kafka cluster, or a Tansu broker process, per test.
+pytest_plugins = ["tests.relay_support", "tests.tansu_support"]
 
 
 # --- chaos scenarios (issue 7): what each one tried, in the session summary ---------------

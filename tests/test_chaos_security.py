@@ -1,8 +1,10 @@
 """Security: the worker's role cannot read the encrypted payload or write the documents, while a
-full cycle succeeds under it; and a full run, at DEBUG, logs no number mask, payload or cipher
-(not even in the error of a failing owner)."""
+full cycle succeeds under it; a full run, at DEBUG, logs no number mask, payload or cipher
+(not even in the error of a failing owner); and the relay shows neither its SASL password nor
+its key password (not in --help, an error, or librdkafka's debug output)."""
 
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -17,6 +19,9 @@ from tests.factories import Documents, DocumentSpec, insert_documents
 from tests.invariants import check_invariants, documents_md5
 from tests.ledger import day
 from tests.reference import ReferenceLedger, documents_from_database
+from tests.relay_support import BASE_TIME, insert_outbox, outbox_state
+from tests.tansu_support import Certificates, TansuBroker, TlsFront, reserve_port
+from tests.test_relay_process import relay_env, run_relay
 
 FORBIDDEN = [
     "select payload_cipher from profile.person_documents limit 1",
@@ -101,3 +106,53 @@ def test_a_full_run_at_debug_logs_no_mask_payload_or_cipher(documents: Documents
     chaos_report.record("log audit (full run, DEBUG, one failing owner)",
                         log_lines=len(worker.lines), documents=len(specs),
                         secrets_checked=len(specs) * 4, leaks=0)
+
+
+def test_the_relay_never_shows_the_sasl_password_or_the_key_password(
+    transactional_db: None, tmp_path: Path, certificates: Certificates
+) -> None:
+    """--help, bad configurations, and a run at DEBUG with librdkafka's own debug output on
+    (debug=all) that a broker behind TLS refuses at SASL: neither secret appears anywhere."""
+    insert_outbox(str(uuid.uuid4()), created_at=BASE_TIME)
+    sasl_password = f"sasl-audit-{uuid.uuid4().hex}"
+    key_password = certificates.key_password
+    front_port = reserve_port()
+    with TansuBroker(tmp_path / "tansu", advertised_port=front_port,
+                     authentication=True).start() as broker:
+        front = TlsFront(tmp_path, broker.port, certificates.server, certificates.server_key,
+                         port=front_port)
+        try:
+            env = relay_env(
+                broker.bootstrap_servers, LOG_LEVEL="DEBUG", KAFKA_SECURITY_PROTOCOL="SASL_SSL",
+                KAFKA_SASL_MECHANISM="SCRAM-SHA-256", KAFKA_SASL_USERNAME="pin_outbox_relay",
+                KAFKA_SASL_PASSWORD=sasl_password, KAFKA_SSL_CA_LOCATION=str(certificates.ca),
+                KAFKA_SSL_CERTIFICATE_LOCATION=str(certificates.client),
+                KAFKA_SSL_KEY_LOCATION=str(certificates.client_key),
+                KAFKA_SSL_KEY_PASSWORD=key_password, KAFKA_PRODUCER_CONFIG='{"debug": "all"}')
+            runs = {
+                "refused at DEBUG, librdkafka debug=all": (run_relay(env), 1),
+                "--help": (run_relay(env, "--help"), 0),
+                "bad setting": (run_relay({**env, "KAFKA_SSL_ENDPOINT_IDENTIFICATION": "?"}), 2),
+                "wrong key password": (run_relay({**env, "KAFKA_SSL_KEY_PASSWORD": key_password
+                                                  + "-wrong"}), 2),
+                "broken JSON holding the password": (run_relay({
+                    **env, "KAFKA_PRODUCER_CONFIG": f'{{"sasl.password": "{sasl_password}"'}), 2),
+                "guarded property holding the password": (run_relay({
+                    **env, "KAFKA_PRODUCER_CONFIG": f'{{"sasl.password": "{sasl_password}"}}'}),
+                    2),
+            }
+        finally:
+            front.stop()
+
+    for name, (done, code) in runs.items():
+        assert done.returncode == code, (name, done.stderr[-2000:])
+    everything = "\n".join(done.stdout + done.stderr for done, _ in runs.values())
+    assert sasl_password not in everything and key_password not in everything
+    refused = runs["refused at DEBUG, librdkafka debug=all"][0].stderr.splitlines()
+    librdkafka_lines = [ln for ln in refused if '"logger":"outbox.kafka"' in ln]
+    assert len(librdkafka_lines) > 50, "librdkafka's debug output was not on: a hollow audit"
+    assert "KAFKA_SASL_" in runs["--help"][0].stdout  # named, never valued
+    assert all(r["published_at"] is None and r["attempts"] == 0 for r in outbox_state())
+    chaos_report.record("log audit (relay: SASL password, key password)", runs=len(runs),
+                        log_lines=len(everything.splitlines()),
+                        librdkafka_debug_lines=len(librdkafka_lines), leaks=0)

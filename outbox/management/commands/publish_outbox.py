@@ -8,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from outbox import store
+from outbox import kafka, store
 from outbox.cli import EXIT_NOT_ALL_DELIVERED, relay_settings_from_env
 from outbox.config import RelaySettings, validate
 from outbox.metrics import register_outbox_gauges
@@ -25,12 +25,15 @@ HEARTBEAT_MIN = timedelta(minutes=5)
 
 class Command(BaseCommand):
     help = (
-        "Publish outbox rows to Kafka (KAFKA_BOOTSTRAP_SERVERS), at least once and in order per "
-        "key, then delete published rows older than OUTBOX_RETENTION. One pass by default: "
-        "publish what is deliverable now and exit; --loop runs until SIGTERM/SIGINT, woken by "
-        "new rows (LISTEN/NOTIFY) or every OUTBOX_POLL_INTERVAL. Exit codes: 0 done (or "
-        "stopped by a signal), 1 not everything went out (broker unavailable, messages failed "
-        "or parked, database lost; nothing is lost, run again), 2 bad configuration or usage."
+        "Publish outbox rows to Kafka (KAFKA_BOOTSTRAP_SERVERS; TLS and SASL from "
+        "KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_*, KAFKA_SSL_*; more librdkafka properties from "
+        "KAFKA_PRODUCER_CONFIG), at least once and in order per key, then delete published "
+        "rows older than OUTBOX_RETENTION. One pass by default: publish what is deliverable now "
+        "and exit; --loop runs until SIGTERM/SIGINT, woken by new rows (LISTEN/NOTIFY) or every "
+        "OUTBOX_POLL_INTERVAL. Exit codes: 0 done (or stopped by a signal), 1 not everything "
+        "went out (broker unavailable, messages failed or parked, database lost; nothing is "
+        "lost, run again) or the broker refused the credentials or TLS handshake (also with "
+        "--loop), 2 bad configuration or usage."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -50,12 +53,17 @@ class Command(BaseCommand):
                 raise CommandError(str(exc), returncode=EXIT_USAGE) from None
         with stop_on_signals() as stop:
             if options["loop"]:
-                self._loop(settings, stop)
+                try:
+                    self._loop(settings, stop)
+                except kafka.KafkaRefusedError as exc:
+                    raise CommandError(str(exc), returncode=EXIT_NOT_ALL_DELIVERED) from None
                 return
             relay = Relay(settings, stop=stop)
             try:
                 stats = relay.run_pass()
                 backlog = store.backlog(relay.using)
+            except kafka.KafkaRefusedError as exc:
+                raise CommandError(str(exc), returncode=EXIT_NOT_ALL_DELIVERED) from None
             except DatabaseErrors as exc:
                 raise CommandError(f"database error: {type(exc).__name__}: {exc}".strip(),
                                    returncode=EXIT_NOT_ALL_DELIVERED) from None
