@@ -51,6 +51,7 @@ class CycleResult:
     reminders_sent: int = 0
     owners_notified: int = 0
     markers_written: int = 0
+    markers_rearmed: int = 0
     skipped_already_marked: int = 0
     pruned: int = 0
     failed_owners: int = 0
@@ -66,6 +67,7 @@ class CycleResult:
             "reminders_sent": self.reminders_sent,
             "owners_notified": self.owners_notified,
             "markers_written": self.markers_written,
+            "markers_rearmed": self.markers_rearmed,
             "skipped_already_marked": self.skipped_already_marked,
             "pruned": self.pruned,
             "failed_owners": self.failed_owners,
@@ -89,6 +91,7 @@ class _Queued:
 @dataclass(slots=True)
 class _BatchOutcome:
     markers_won: int = 0
+    markers_rearmed: int = 0
     events_written: int = 0
     queued: list[_Queued] = field(default_factory=list)
     due_documents: int = 0
@@ -199,7 +202,7 @@ class Cycle:
             logger, logging.INFO, "cycle completed",
             run_id=result.run_id, status=result.status, dry_run=self.dry_run,
             reminders_sent=result.reminders_sent, owners_notified=result.owners_notified,
-            markers_written=result.markers_written,
+            markers_written=result.markers_written, markers_rearmed=result.markers_rearmed,
             skipped_already_marked=result.skipped_already_marked, pruned=result.pruned,
             failed_owners=result.failed_owners, duration_ms=result.duration_ms,
             reminders_by_threshold={str(k): v for k, v in sorted(result.reminders_by_threshold.items())},
@@ -290,6 +293,7 @@ class Cycle:
         )
         return _BatchOutcome(
             markers_won=claimed.markers_won,
+            markers_rearmed=claimed.markers_rearmed,
             events_written=claimed.events_written,
             queued=[
                 _Queued(i.owner_user_id, i.document_id, i.type, i.threshold_days, i.days_left)
@@ -304,10 +308,11 @@ class Cycle:
         queued: list[_Queued] = []
         documents = store.batch_documents(self.using, owner_ids, self.window)
         due = [(doc, decision) for doc in documents if (decision := rules.decide(
-            doc.expires_on, self.as_of_date, self.settings.thresholds, doc.marked)) is not None]
+            doc.expires_on, self.as_of_date, self.settings.thresholds, doc.markers)) is not None]
         for doc, decision in most_urgent_per_owner(due, self.max_documents_per_event):
             outcome.due_documents += 1
             outcome.markers_won += len(decision.markers)
+            outcome.markers_rearmed += len(decision.rearmed)
             if decision.notify is not None:
                 queued.append(_Queued(doc.owner_user_id, doc.id, doc.type, decision.notify,
                                       decision.days_left))
@@ -321,6 +326,7 @@ class Cycle:
         result.owners_processed += owners
         result.documents_processed += outcome.due_documents
         result.markers_written += outcome.markers_won
+        result.markers_rearmed += outcome.markers_rearmed
         result.owners_notified += outcome.events_written
         result.reminders_sent += len(outcome.queued)
         queued = sorted(outcome.queued, key=lambda q: (str(q.owner_user_id), q.days_left))

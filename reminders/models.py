@@ -34,7 +34,8 @@ class PersonDocument(models.Model):
 
 
 class DocumentExpiryReminder(models.Model):
-    """One row = for (document, threshold) the reminder is done (DESIGN 2.2)."""
+    """One row = for (document, threshold) the reminder is done, for the expiry date it
+    carries (DESIGN 2.2); a new expiry date re-arms it in place."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, db_default=RandomUUID(), editable=False)
     document_id = models.UUIDField()
@@ -83,6 +84,8 @@ class ReminderRun(models.Model):
     reminders_sent = models.IntegerField(default=0, db_default=0)
     owners_notified = models.IntegerField(default=0, db_default=0)
     markers_written = models.IntegerField(default=0, db_default=0)
+    # of markers_written: those that replaced a marker of an earlier expiry date (refinement 5)
+    markers_rearmed = models.IntegerField(default=0, db_default=0)
     skipped_already_marked = models.IntegerField(default=0, db_default=0)
     pruned = models.IntegerField(default=0, db_default=0)
     failed_owners = models.IntegerField(default=0, db_default=0)

@@ -84,6 +84,15 @@ def test_a_dry_run_is_not_counted() -> None:
     assert sample("profile_document_expiry_reminder_cycles_total", status="succeeded") == before
 
 
+def test_rearmed_markers_are_counted() -> None:
+    name = "profile_document_expiry_reminder_markers_rearmed_total"
+    before = sample(name)
+    result = _result(ReminderRun.Status.SUCCEEDED)
+    result.markers_rearmed = 3
+    metrics.observe_cycle(result)
+    assert sample(name) == before + 3
+
+
 def _result(status: str, failed_owners: int = 0) -> CycleResult:
     result = CycleResult(run_id=uuid.uuid4(), as_of=AS_OF, status=status)
     result.failed_owners = failed_owners
