@@ -185,15 +185,17 @@ class DocumentExpiryReminderAdmin(ReadOnlyAdmin):
 
 @admin.register(ReminderRun)
 class ReminderRunAdmin(ReadOnlyAdmin):
-    list_display = ("started_at", "status", "as_of", "finished_at", "duration_ms", "reminders_sent",
+    list_display = ("started_at", "status", "trigger", "as_of", "finished_at", "duration_ms",
+                    "reminders_sent",
                     "owners_notified", "markers_written", "markers_rearmed",
                     "skipped_already_marked", "pruned", "failed_owners", "host")
-    list_filter = ("status",)
+    list_filter = ("status", "trigger")
     ordering = ("-started_at",)
     paginator = EstimatedCountPaginator
     search_fields = ("=run_id",)
     search_help_text = "Paste a run id (an exact UUID)."
-    fields = ("run_id", "status", "as_of", "started_at", "finished_at", "duration_ms", "thresholds",
+    fields = ("run_id", "status", "trigger", "tick", "as_of", "started_at", "finished_at",
+              "duration_ms", "thresholds",
               "reminders_sent", "owners_notified", "markers_written", "markers_rearmed",
               "skipped_already_marked", "pruned", "failed_owners", "error", "host")
 

@@ -155,8 +155,10 @@ class Cycle:
         progress: Progress | None = None,
         extra_headers: dict[str, str] | None = None,
         max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT,
+        tick: datetime | None = None,
     ) -> None:
         self.settings = settings
+        self.tick = tick  # the loop's tick this cycle runs for; None for a manual run
         self.max_documents_per_event = max_documents_per_event
         self.as_of = (as_of or datetime.now(UTC)).astimezone(UTC)
         self.as_of_date = rules.utc_date(self.as_of)
@@ -218,7 +220,7 @@ class Cycle:
                 self.using, max(2 * self.settings.max_run_duration, ABANDONED_AFTER_MIN))
             store.start_run(
                 self.using, result.run_id, self.as_of, self.settings.thresholds,
-                socket.gethostname(),
+                socket.gethostname(), tick=self.tick,
             )
         with store.due_owners(
             self.using, self.window, self.settings.thresholds, self.as_of_date

@@ -75,6 +75,10 @@ class ReminderRun(models.Model):
         STOPPED = "stopped"  # stopped by SIGTERM/SIGINT between batches
         FAILED = "failed"  # aborted by an error (database lost, say)
 
+    class Trigger(models.TextChoices):
+        LOOP = "loop"  # a tick of `--loop`
+        MANUAL = "manual"  # a single run: the re-trigger, or a backfill with a past --as-of
+
     run_id = models.UUIDField(primary_key=True)
     as_of = models.DateTimeField()
     started_at = models.DateTimeField(db_default=Now())
@@ -92,6 +96,10 @@ class ReminderRun(models.Model):
     duration_ms = models.IntegerField(null=True)
     error = models.TextField(null=True)
     host = models.CharField(max_length=255, default="", db_default="")
+    trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.MANUAL,
+                               db_default=Trigger.MANUAL)
+    # the loop's tick this run was for, on the worker's clock: the loop decides "missed" on it
+    tick = models.DateTimeField(null=True)
 
     class Meta:
         db_table = "document_expiry_reminder_runs"

@@ -240,8 +240,10 @@ def close_abandoned_runs(using: str, older_than: timedelta) -> int:
 
 
 def start_run(
-    using: str, run_id: uuid.UUID, as_of: datetime, thresholds: Sequence[int], host: str
+    using: str, run_id: uuid.UUID, as_of: datetime, thresholds: Sequence[int], host: str,
+    *, tick: datetime | None = None,
 ) -> None:
+    """Record a cycle as running: a loop run when it is for a `tick`, else a manual one."""
     with _cursor(using) as cur:
         cur.execute(
             query("start_run"),
@@ -250,6 +252,8 @@ def start_run(
                 "as_of": as_of,
                 "thresholds": ",".join(map(str, thresholds)),
                 "host": host[:255],
+                "trigger": "manual" if tick is None else "loop",
+                "tick": tick,
             },
         )
 
@@ -264,10 +268,10 @@ def finish_run(using: str, run_id: uuid.UUID, *, status: str, counters: dict[str
         )
 
 
-def last_successful_run_start(using: str) -> datetime | None:
-    """Start of the latest cycle that did its work (succeeded, partial or timed out)."""
+def last_loop_tick(using: str) -> datetime | None:
+    """The latest tick a loop run did its work for (succeeded, partial or timed out)."""
     with _cursor(using) as cur:
-        cur.execute(query("last_successful_run_start"))
+        cur.execute(query("last_loop_tick"))
         row = cur.fetchone()
     return None if row is None else row[0]
 

@@ -246,10 +246,10 @@ set status = 'failed',
 where status = 'running'
   and started_at < now() - %(older_than)s::interval;
 
--- start_run: record a cycle as running
+-- start_run: record a cycle as running, with its trigger (loop or manual) and the loop's tick it runs for
 insert into document_expiry_reminder_runs
-    (run_id, as_of, started_at, status, thresholds, host)
-values (%(run_id)s, %(as_of)s, now(), 'running', %(thresholds)s, %(host)s);
+    (run_id, as_of, started_at, status, thresholds, host, trigger, tick)
+values (%(run_id)s, %(as_of)s, now(), 'running', %(thresholds)s, %(host)s, %(trigger)s, %(tick)s);
 
 -- finish_run: record how a cycle ended, with its counters
 update document_expiry_reminder_runs
@@ -266,9 +266,10 @@ set finished_at = now(),
     error = %(error)s
 where run_id = %(run_id)s;
 
--- last_successful_run_start: when the latest cycle that completed its work started
-select max(started_at) from document_expiry_reminder_runs
-where status in ('succeeded', 'partial', 'timed_out');
+-- last_loop_tick: the latest tick a loop run completed its work for (the tick is on the worker's clock; manual runs and backfills do not count)
+select max(tick) from document_expiry_reminder_runs
+where trigger = 'loop'
+  and status in ('succeeded', 'partial', 'timed_out');
 
 -- prune_run_history: delete one bounded chunk of runs that started before the cutoff (a run that old is over, even if a crash left it `running`)
 delete from document_expiry_reminder_runs
