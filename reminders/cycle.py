@@ -217,7 +217,7 @@ class Cycle:
             # A killed process never records its end: close such runs once no cycle could
             # still be going (twice the budget, and at least an hour).
             store.close_abandoned_runs(
-                self.using, max(2 * self.settings.max_run_duration, ABANDONED_AFTER_MIN))
+                self.using, max(2 * self.settings.longest_cycle, ABANDONED_AFTER_MIN))
             store.start_run(
                 self.using, result.run_id, self.as_of, self.settings.thresholds,
                 socket.gethostname(), tick=self.tick,
@@ -229,9 +229,11 @@ class Cycle:
                 due.window_documents, due.due_documents)
             result.skipped_already_marked = result.window_documents - result.due_documents
             result.status = self._remind_due_owners(due)
-        if result.status == ReminderRun.Status.SUCCEEDED:
+        if result.status in (ReminderRun.Status.SUCCEEDED, ReminderRun.Status.TIMED_OUT):
+            # Timed out too: were every cycle to time out, the ledger would grow without bound.
+            # Stopped by a signal: the prune is left to the next cycle.
             result.pruned = self._prune()
-            if result.failed_owners:
+            if result.failed_owners and result.status == ReminderRun.Status.SUCCEEDED:
                 result.status = ReminderRun.Status.PARTIAL
 
     def _out_of_time(self) -> bool:
@@ -361,8 +363,10 @@ class Cycle:
         cutoff = rules.prune_cutoff(self.as_of_date, self.settings.retention_days)
         if self.dry_run:
             return store.count_expired_markers(self.using, cutoff)
+        # the rest of the cycle's budget, and at least a budget of its own
+        until = max(self._deadline, self.clock() + self.settings.prune_budget.total_seconds())
         return prune_expired_markers(
-            self.using, cutoff, stop=self.stop, out_of_time=self._out_of_time
+            self.using, cutoff, stop=self.stop, out_of_time=lambda: self.clock() >= until
         )
 
     def _record_finish(self) -> None:

@@ -4,6 +4,7 @@ as the worker's least-privilege role."""
 import signal
 import uuid
 from collections import Counter
+from datetime import UTC, datetime
 
 import pytest
 from django.db import connection
@@ -124,6 +125,25 @@ def test_prune_command(documents: Documents) -> None:
     assert "would prune 4 marker(s)" in dry.stdout
     assert "pruned 4 marker(s)" in real.stdout
     assert markers() == set()
+
+
+def test_a_timed_out_cycle_still_prunes(documents: Documents) -> None:
+    # The issue's repro: markers expiring 2026-01-01, then a cycle that runs out of time at once.
+    old = documents(expires_at=datetime(2026, 1, 1, 12, 0, tzinfo=UTC))
+    assert run_command("run_expiry_reminders", "--as-of", "2026-01-02T03:00:00Z").returncode == 0
+    assert len(markers(old.id)) == 4
+    due = documents(expires_at=datetime(2026, 11, 5, 12, 0, tzinfo=UTC))
+
+    done = run_command("run_expiry_reminders", "--as-of", "2026-11-01T03:00:00Z",
+                       "--max-run-duration", "1ms")
+
+    assert done.returncode == 0, done.stderr
+    assert ": timed_out" in done.stdout and "pruned markers           4" in done.stdout
+    assert markers(old.id) == set() and markers(due.id) == set()  # pruned; due left for later
+    with connection.cursor() as cursor:
+        cursor.execute("select status, pruned from document_expiry_reminder_runs"
+                       " order by started_at desc limit 1")
+        assert cursor.fetchone() == ("timed_out", 4)
 
 
 def test_sigterm_mid_cycle_exits_0_and_leaves_no_owner_half_written(documents: Documents) -> None:

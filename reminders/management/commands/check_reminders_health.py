@@ -18,8 +18,8 @@ class Command(BaseCommand):
     help = (
         "Check from the run history that a cycle (of any instance) succeeded within "
         "--max-silence (default 26h) and that no cycle is stuck past REMINDER_MAX_RUN_DURATION "
-        "plus a grace. Exit codes: 0 healthy, 1 unhealthy, 2 bad configuration or usage, "
-        "3 database unavailable."
+        "plus REMINDER_PRUNE_BUDGET plus a grace. Exit codes: 0 healthy, 1 unhealthy, 2 bad "
+        "configuration or usage, 3 database unavailable."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -34,7 +34,7 @@ class Command(BaseCommand):
         except ConfigError as exc:
             raise CommandError(str(exc), returncode=EXIT_USAGE) from None
         try:
-            verdict = liveness_from_history(max_run_duration=settings.max_run_duration,
+            verdict = liveness_from_history(max_run_duration=settings.longest_cycle,
                                             max_silence=max_silence)
         except DatabaseErrors as exc:
             raise CommandError(f"database unavailable: {type(exc).__name__}",
