@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from django.db import Error as DjangoDatabaseError
@@ -107,9 +107,16 @@ def _connection_alive(using: str) -> bool:
     return raw is not None and not raw.closed and wrapper.is_usable()
 
 
+class OwnerBatch(NamedTuple):
+    """Whole owners, and how many due documents they have between them."""
+
+    owner_ids: list[uuid.UUID]
+    documents: int
+
+
 def owner_batches(
     rows: Callable[[int], Sequence[tuple[Any, ...]]], batch_size: int
-) -> Iterator[list[uuid.UUID]]:
+) -> Iterator[OwnerBatch]:
     """Group due-owner rows `(owner, first expiry, due documents)` into batches of about
     `batch_size` documents, never splitting an owner (one with more goes alone)."""
     batch: list[uuid.UUID] = []
@@ -117,12 +124,12 @@ def owner_batches(
     while chunk := rows(batch_size):
         for owner_id, _first_expiry, due in chunk:
             if batch and documents + int(due) > batch_size:
-                yield batch
+                yield OwnerBatch(batch, documents)
                 batch, documents = [], 0
             batch.append(owner_id)
             documents += int(due)
     if batch:
-        yield batch
+        yield OwnerBatch(batch, documents)
 
 
 def most_urgent_per_owner(
@@ -240,7 +247,7 @@ class Cycle:
         return self.clock() >= self._deadline
 
     def _remind_due_owners(self, due: store.DueOwners) -> str:
-        for owner_ids in owner_batches(due.fetch, self.settings.batch_size):
+        for owner_ids, documents in owner_batches(due.fetch, self.settings.batch_size):
             if self.stop.is_set():
                 log_event(logger, logging.WARNING, "cycle stopping on signal",
                           run_id=self.result.run_id)
@@ -250,8 +257,8 @@ class Cycle:
                           run_id=self.result.run_id,
                           max_run_duration_s=self.settings.max_run_duration.total_seconds())
                 return ReminderRun.Status.TIMED_OUT
-            log_event(logger, logging.DEBUG, "batch selected", run_id=self.result.run_id,
-                      owners=len(owner_ids))
+            log_event(logger, logging.INFO, "batch selected", run_id=self.result.run_id,
+                      owners=len(owner_ids), documents=documents)
             with self.batch_scope(owner_ids):
                 self._remind_batch(owner_ids)
             if self.progress:

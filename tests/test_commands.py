@@ -1,6 +1,7 @@
 """The management commands as an operator runs them: real subprocesses on the test database,
 as the worker's least-privilege role."""
 
+import json
 import signal
 import uuid
 from collections import Counter
@@ -56,6 +57,24 @@ def test_one_cycle_prints_its_summary(documents: Documents) -> None:
     assert "reminders sent           2" in done.stdout
     assert "threshold   7 days       1" in done.stdout
     assert run_statuses() == ["succeeded"]
+
+
+def test_each_batch_is_logged_at_the_default_level_with_its_owners_and_documents(
+    documents: Documents,
+) -> None:
+    first, second, third = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    documents(owner_user_id=first, expires_at=expiring_in(-3))
+    documents(owner_user_id=second, expires_at=expiring_in(0))
+    documents(owner_user_id=second, expires_at=expiring_in(5))
+    documents(owner_user_id=third, expires_at=expiring_in(10))
+
+    done = run_command("run_expiry_reminders", "--as-of", AS_OF_ARG, "--batch-size", "2")
+
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    batches = [line for line in lines if line["event"] == "batch selected"]
+    assert [(b["level"], b["owners"], b["documents"]) for b in batches] == [
+        ("info", 1, 1), ("info", 1, 2), ("info", 1, 1)]
 
 
 def test_dry_run_prints_what_it_would_remind_and_writes_nothing(documents: Documents) -> None:
