@@ -19,6 +19,8 @@ _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 MAX_DAYS = 3_650
 MAX_BATCH_SIZE = 100_000
 MAX_DURATION = timedelta(days=366)
+# Liveness: a successful cycle within one polling interval and this much more (26 h at 24 h).
+LIVENESS_SLACK = timedelta(hours=2)
 
 
 class ConfigError(ValueError):
@@ -42,6 +44,12 @@ class ReminderSettings:
     prune_budget: timedelta = timedelta(minutes=1)
     retention_days: int = 90
     run_history_days: int = 90
+
+    @property
+    def max_silence(self) -> timedelta:
+        """Longest time without a successful cycle before the worker counts as dead: the
+        polling interval plus LIVENESS_SLACK (26 h at the default 24 h)."""
+        return self.polling_interval + LIVENESS_SLACK
 
     @property
     def longest_cycle(self) -> timedelta:

@@ -30,6 +30,11 @@ def test_every_variable_is_read() -> None:
     assert settings.longest_cycle == timedelta(minutes=90, seconds=30)
 
 
+def test_liveness_limit_follows_the_polling_interval() -> None:
+    assert ReminderSettings().max_silence == timedelta(hours=26)
+    assert ReminderSettings(polling_interval=timedelta(hours=1)).max_silence == timedelta(hours=3)
+
+
 @pytest.mark.parametrize(("text", "expected"), [
     ("24h", timedelta(hours=24)), ("10m", timedelta(minutes=10)), ("90", timedelta(seconds=90)),
     ("1h30m", timedelta(minutes=90)), ("500ms", timedelta(milliseconds=500)),
