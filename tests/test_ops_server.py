@@ -15,6 +15,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -124,11 +125,13 @@ def worker_loop(**env: str) -> Iterator[Worker]:
 
 
 def _documents_for_demo(documents: Documents) -> Any:
-    owner = documents(expires_at=expiring_in(7)).owner_user_id
-    documents(owner_user_id=owner, expires_at=expiring_in(29))
-    documents(expires_at=expiring_in(1))
-    documents(expires_at=expiring_in(-5))
-    documents(expires_at=expiring_in(100))
+    # `--loop` runs as of now: the expiries count from today's UTC date, not the tests' AS_OF
+    today = datetime.now(UTC).date()
+    owner = documents(expires_at=expiring_in(7, base=today)).owner_user_id
+    documents(owner_user_id=owner, expires_at=expiring_in(29, base=today))
+    documents(expires_at=expiring_in(1, base=today))
+    documents(expires_at=expiring_in(-5, base=today))
+    documents(expires_at=expiring_in(100, base=today))
     return {"30": 1, "7": 1, "1": 1, "0": 1}
 
 
