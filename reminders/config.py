@@ -19,6 +19,8 @@ _UNIT_MS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 MAX_DAYS = 3_650
 MAX_BATCH_SIZE = 100_000
 MAX_DURATION = timedelta(days=366)
+# Liveness: a successful cycle within one polling interval and this much more (26 h at 24 h).
+LIVENESS_SLACK = timedelta(hours=2)
 
 
 class ConfigError(ValueError):
@@ -38,8 +40,22 @@ class ReminderSettings:
     polling_interval: timedelta = timedelta(hours=24)
     run_at_utc: time = time(3, 0)
     max_run_duration: timedelta = timedelta(minutes=10)
+    # the prune's own time after a cycle: a timed-out cycle still prunes, for this long
+    prune_budget: timedelta = timedelta(minutes=1)
     retention_days: int = 90
     run_history_days: int = 90
+
+    @property
+    def max_silence(self) -> timedelta:
+        """Longest time without a successful cycle before the worker counts as dead: the
+        polling interval plus LIVENESS_SLACK (26 h at the default 24 h)."""
+        return self.polling_interval + LIVENESS_SLACK
+
+    @property
+    def longest_cycle(self) -> timedelta:
+        """A cycle's time budget and then its prune's: how long one can take, give or take
+        the statement in flight."""
+        return self.max_run_duration + self.prune_budget
 
     def with_overrides(self, **changes: object) -> "ReminderSettings":
         """A copy with command-line overrides applied (None means keep)."""
@@ -126,6 +142,7 @@ _VARIABLES: dict[str, tuple[str, Callable[[str, str], object]]] = {
     "REMINDER_POLLING_INTERVAL": ("polling_interval", parse_duration),
     "REMINDER_RUN_AT_UTC": ("run_at_utc", parse_time_of_day),
     "REMINDER_MAX_RUN_DURATION": ("max_run_duration", parse_duration),
+    "REMINDER_PRUNE_BUDGET": ("prune_budget", parse_duration),
     "REMINDER_RETENTION_DAYS": ("retention_days", _retention_days),
     "REMINDER_RUN_HISTORY_DAYS": ("run_history_days", _history_days),
 }

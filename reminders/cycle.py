@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from django.db import Error as DjangoDatabaseError
@@ -51,6 +51,7 @@ class CycleResult:
     reminders_sent: int = 0
     owners_notified: int = 0
     markers_written: int = 0
+    markers_rearmed: int = 0
     skipped_already_marked: int = 0
     pruned: int = 0
     failed_owners: int = 0
@@ -66,6 +67,7 @@ class CycleResult:
             "reminders_sent": self.reminders_sent,
             "owners_notified": self.owners_notified,
             "markers_written": self.markers_written,
+            "markers_rearmed": self.markers_rearmed,
             "skipped_already_marked": self.skipped_already_marked,
             "pruned": self.pruned,
             "failed_owners": self.failed_owners,
@@ -89,6 +91,7 @@ class _Queued:
 @dataclass(slots=True)
 class _BatchOutcome:
     markers_won: int = 0
+    markers_rearmed: int = 0
     events_written: int = 0
     queued: list[_Queued] = field(default_factory=list)
     due_documents: int = 0
@@ -104,9 +107,16 @@ def _connection_alive(using: str) -> bool:
     return raw is not None and not raw.closed and wrapper.is_usable()
 
 
+class OwnerBatch(NamedTuple):
+    """Whole owners, and how many due documents they have between them."""
+
+    owner_ids: list[uuid.UUID]
+    documents: int
+
+
 def owner_batches(
     rows: Callable[[int], Sequence[tuple[Any, ...]]], batch_size: int
-) -> Iterator[list[uuid.UUID]]:
+) -> Iterator[OwnerBatch]:
     """Group due-owner rows `(owner, first expiry, due documents)` into batches of about
     `batch_size` documents, never splitting an owner (one with more goes alone)."""
     batch: list[uuid.UUID] = []
@@ -114,12 +124,12 @@ def owner_batches(
     while chunk := rows(batch_size):
         for owner_id, _first_expiry, due in chunk:
             if batch and documents + int(due) > batch_size:
-                yield batch
+                yield OwnerBatch(batch, documents)
                 batch, documents = [], 0
             batch.append(owner_id)
             documents += int(due)
     if batch:
-        yield batch
+        yield OwnerBatch(batch, documents)
 
 
 def most_urgent_per_owner(
@@ -152,8 +162,10 @@ class Cycle:
         progress: Progress | None = None,
         extra_headers: dict[str, str] | None = None,
         max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT,
+        tick: datetime | None = None,
     ) -> None:
         self.settings = settings
+        self.tick = tick  # the loop's tick this cycle runs for; None for a manual run
         self.max_documents_per_event = max_documents_per_event
         self.as_of = (as_of or datetime.now(UTC)).astimezone(UTC)
         self.as_of_date = rules.utc_date(self.as_of)
@@ -199,7 +211,7 @@ class Cycle:
             logger, logging.INFO, "cycle completed",
             run_id=result.run_id, status=result.status, dry_run=self.dry_run,
             reminders_sent=result.reminders_sent, owners_notified=result.owners_notified,
-            markers_written=result.markers_written,
+            markers_written=result.markers_written, markers_rearmed=result.markers_rearmed,
             skipped_already_marked=result.skipped_already_marked, pruned=result.pruned,
             failed_owners=result.failed_owners, duration_ms=result.duration_ms,
             reminders_by_threshold={str(k): v for k, v in sorted(result.reminders_by_threshold.items())},
@@ -212,10 +224,10 @@ class Cycle:
             # A killed process never records its end: close such runs once no cycle could
             # still be going (twice the budget, and at least an hour).
             store.close_abandoned_runs(
-                self.using, max(2 * self.settings.max_run_duration, ABANDONED_AFTER_MIN))
+                self.using, max(2 * self.settings.longest_cycle, ABANDONED_AFTER_MIN))
             store.start_run(
                 self.using, result.run_id, self.as_of, self.settings.thresholds,
-                socket.gethostname(),
+                socket.gethostname(), tick=self.tick,
             )
         with store.due_owners(
             self.using, self.window, self.settings.thresholds, self.as_of_date
@@ -224,16 +236,18 @@ class Cycle:
                 due.window_documents, due.due_documents)
             result.skipped_already_marked = result.window_documents - result.due_documents
             result.status = self._remind_due_owners(due)
-        if result.status == ReminderRun.Status.SUCCEEDED:
+        if result.status in (ReminderRun.Status.SUCCEEDED, ReminderRun.Status.TIMED_OUT):
+            # Timed out too: were every cycle to time out, the ledger would grow without bound.
+            # Stopped by a signal: the prune is left to the next cycle.
             result.pruned = self._prune()
-            if result.failed_owners:
+            if result.failed_owners and result.status == ReminderRun.Status.SUCCEEDED:
                 result.status = ReminderRun.Status.PARTIAL
 
     def _out_of_time(self) -> bool:
         return self.clock() >= self._deadline
 
     def _remind_due_owners(self, due: store.DueOwners) -> str:
-        for owner_ids in owner_batches(due.fetch, self.settings.batch_size):
+        for owner_ids, documents in owner_batches(due.fetch, self.settings.batch_size):
             if self.stop.is_set():
                 log_event(logger, logging.WARNING, "cycle stopping on signal",
                           run_id=self.result.run_id)
@@ -243,8 +257,8 @@ class Cycle:
                           run_id=self.result.run_id,
                           max_run_duration_s=self.settings.max_run_duration.total_seconds())
                 return ReminderRun.Status.TIMED_OUT
-            log_event(logger, logging.DEBUG, "batch selected", run_id=self.result.run_id,
-                      owners=len(owner_ids))
+            log_event(logger, logging.INFO, "batch selected", run_id=self.result.run_id,
+                      owners=len(owner_ids), documents=documents)
             with self.batch_scope(owner_ids):
                 self._remind_batch(owner_ids)
             if self.progress:
@@ -290,6 +304,7 @@ class Cycle:
         )
         return _BatchOutcome(
             markers_won=claimed.markers_won,
+            markers_rearmed=claimed.markers_rearmed,
             events_written=claimed.events_written,
             queued=[
                 _Queued(i.owner_user_id, i.document_id, i.type, i.threshold_days, i.days_left)
@@ -304,10 +319,11 @@ class Cycle:
         queued: list[_Queued] = []
         documents = store.batch_documents(self.using, owner_ids, self.window)
         due = [(doc, decision) for doc in documents if (decision := rules.decide(
-            doc.expires_on, self.as_of_date, self.settings.thresholds, doc.marked)) is not None]
+            doc.expires_on, self.as_of_date, self.settings.thresholds, doc.markers)) is not None]
         for doc, decision in most_urgent_per_owner(due, self.max_documents_per_event):
             outcome.due_documents += 1
             outcome.markers_won += len(decision.markers)
+            outcome.markers_rearmed += len(decision.rearmed)
             if decision.notify is not None:
                 queued.append(_Queued(doc.owner_user_id, doc.id, doc.type, decision.notify,
                                       decision.days_left))
@@ -321,6 +337,7 @@ class Cycle:
         result.owners_processed += owners
         result.documents_processed += outcome.due_documents
         result.markers_written += outcome.markers_won
+        result.markers_rearmed += outcome.markers_rearmed
         result.owners_notified += outcome.events_written
         result.reminders_sent += len(outcome.queued)
         queued = sorted(outcome.queued, key=lambda q: (str(q.owner_user_id), q.days_left))
@@ -353,8 +370,10 @@ class Cycle:
         cutoff = rules.prune_cutoff(self.as_of_date, self.settings.retention_days)
         if self.dry_run:
             return store.count_expired_markers(self.using, cutoff)
+        # the rest of the cycle's budget, and at least a budget of its own
+        until = max(self._deadline, self.clock() + self.settings.prune_budget.total_seconds())
         return prune_expired_markers(
-            self.using, cutoff, stop=self.stop, out_of_time=self._out_of_time
+            self.using, cutoff, stop=self.stop, out_of_time=lambda: self.clock() >= until
         )
 
     def _record_finish(self) -> None:

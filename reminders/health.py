@@ -1,8 +1,8 @@
 """Liveness and readiness of the worker (`/healthz`, `/readyz`, `check_reminders_health`).
 
-Alive: a successful cycle within `max_silence` (26 h: a daily schedule plus slack), and no
-cycle running longer than its time budget plus a grace (a stuck loop). Ready: the database
-answers.
+Alive: a successful cycle within `max_silence` (the polling interval plus 2 h:
+ReminderSettings.max_silence, 26 h at the default 24 h), and no cycle running longer than
+its time budget plus a grace (a stuck loop). Ready: the database answers.
 """
 
 import threading
@@ -12,10 +12,11 @@ from datetime import UTC, datetime, timedelta
 from django.db import connections
 
 from reminders import store
+from reminders.config import ReminderSettings
 from reminders.cycle import DatabaseErrors
 from reminders.scrape import thread_connection
 
-MAX_SILENCE = timedelta(hours=26)
+MAX_SILENCE = ReminderSettings().max_silence  # at the default polling interval
 # A batch can outlive the time budget by at most one statement (statement_timeout, 5 min).
 STUCK_GRACE = timedelta(minutes=10)
 SUCCESSFUL = ("succeeded", "partial", "timed_out")

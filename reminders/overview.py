@@ -22,7 +22,7 @@ CHART_DAYS = 30
 # Most urgent threshold first: alarming red to calm blue.
 PALETTE = ("#ba2121", "#e07b26", "#e0a526", "#417690", "#79aec8", "#a9c7d6")
 
-# A cycle that did its work (DESIGN 3); the same set as the query last_successful_run_start.
+# A cycle that did its work (DESIGN 3); the same set as the query last_loop_tick.
 SUCCESSFUL_STATUSES = (
     ReminderRun.Status.SUCCEEDED, ReminderRun.Status.PARTIAL, ReminderRun.Status.TIMED_OUT,
 )

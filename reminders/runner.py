@@ -88,7 +88,7 @@ def observed_loop(
 ) -> Iterator[ObservedCycles]:
     """The cycles of `--loop`, with the operations server of METRICS_ADDR around them (if set):
     /metrics (reminder metrics, the backlog and the outbox gauges), /healthz, /readyz."""
-    health = LoopHealth(max_run_duration=settings.max_run_duration)
+    health = LoopHealth(max_run_duration=settings.longest_cycle, max_silence=settings.max_silence)
     server = ops_server_from_env(
         environ, Probes(liveness=health.liveness, readiness=lambda: database_ready(using))
     )

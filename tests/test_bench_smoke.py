@@ -34,6 +34,8 @@ def test_benchmark_runs_and_the_worker_equals_the_floor(shape: str) -> None:
     floor, cold, warm, next_day = (phases[n] for n in ("floor", "cold cycle", "warm cycle",
                                                          "next day"))
     assert cold.status == "succeeded" and cold.markers == floor.markers
+    # the floor carries the re-arm rule: both replace the same stale markers
+    assert cold.markers_rearmed == floor.markers_rearmed and cold.markers_rearmed
     assert cold.markers and cold.events == floor.events and cold.events
     assert cold.due_documents == floor.due_documents == cold.window_documents
     assert (warm.status, warm.due_documents, warm.markers, warm.events) == ("succeeded", 0, 0, 0)

@@ -24,6 +24,7 @@ BAD_VALUES: dict[str, list[str]] = {
                                   TOO_BIG + "d"],
     "REMINDER_RUN_AT_UTC": ["", "24:00", "3pm", "03:60", "03:00Z", "3", "\u0660\u0663:\u0660\u0660", "-1:00"],
     "REMINDER_MAX_RUN_DURATION": ["", "0", "abc", "10x", "400d", TOO_BIG + "h"],
+    "REMINDER_PRUNE_BUDGET": ["", "0", "abc", "1m-", "400d"],
     "REMINDER_RETENTION_DAYS": ["", "-1", "abc", "3651", TOO_BIG],
 }
 # Read by Django's settings, before any command runs: manage.py turns them into exit 2.

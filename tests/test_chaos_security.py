@@ -92,7 +92,7 @@ def test_a_full_run_at_debug_logs_no_mask_payload_or_cipher(documents: Documents
 
     assert code == 1, worker.lines[-5:]  # the refused owner failed, the rest went out
     assert worker.logged("owner failed") and worker.logged("reminder queued")
-    assert worker.logged("batch selected")  # DEBUG lines were on
+    assert worker.logged("batch selected")
     assert len(worker.events()) == len(worker.lines) - len(worker.plain_lines())
     everything = "\n".join(worker.lines) + out
     leaks = []

@@ -1,9 +1,11 @@
 """The management commands as an operator runs them: real subprocesses on the test database,
 as the worker's least-privilege role."""
 
+import json
 import signal
 import uuid
 from collections import Counter
+from datetime import UTC, datetime
 
 import pytest
 from django.db import connection
@@ -55,6 +57,24 @@ def test_one_cycle_prints_its_summary(documents: Documents) -> None:
     assert "reminders sent           2" in done.stdout
     assert "threshold   7 days       1" in done.stdout
     assert run_statuses() == ["succeeded"]
+
+
+def test_each_batch_is_logged_at_the_default_level_with_its_owners_and_documents(
+    documents: Documents,
+) -> None:
+    first, second, third = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    documents(owner_user_id=first, expires_at=expiring_in(-3))
+    documents(owner_user_id=second, expires_at=expiring_in(0))
+    documents(owner_user_id=second, expires_at=expiring_in(5))
+    documents(owner_user_id=third, expires_at=expiring_in(10))
+
+    done = run_command("run_expiry_reminders", "--as-of", AS_OF_ARG, "--batch-size", "2")
+
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    batches = [line for line in lines if line["event"] == "batch selected"]
+    assert [(b["level"], b["owners"], b["documents"]) for b in batches] == [
+        ("info", 1, 1), ("info", 1, 2), ("info", 1, 1)]
 
 
 def test_dry_run_prints_what_it_would_remind_and_writes_nothing(documents: Documents) -> None:
@@ -124,6 +144,25 @@ def test_prune_command(documents: Documents) -> None:
     assert "would prune 4 marker(s)" in dry.stdout
     assert "pruned 4 marker(s)" in real.stdout
     assert markers() == set()
+
+
+def test_a_timed_out_cycle_still_prunes(documents: Documents) -> None:
+    # The issue's repro: markers expiring 2026-01-01, then a cycle that runs out of time at once.
+    old = documents(expires_at=datetime(2026, 1, 1, 12, 0, tzinfo=UTC))
+    assert run_command("run_expiry_reminders", "--as-of", "2026-01-02T03:00:00Z").returncode == 0
+    assert len(markers(old.id)) == 4
+    due = documents(expires_at=datetime(2026, 11, 5, 12, 0, tzinfo=UTC))
+
+    done = run_command("run_expiry_reminders", "--as-of", "2026-11-01T03:00:00Z",
+                       "--max-run-duration", "1ms")
+
+    assert done.returncode == 0, done.stderr
+    assert ": timed_out" in done.stdout and "pruned markers           4" in done.stdout
+    assert markers(old.id) == set() and markers(due.id) == set()  # pruned; due left for later
+    with connection.cursor() as cursor:
+        cursor.execute("select status, pruned from document_expiry_reminder_runs"
+                       " order by started_at desc limit 1")
+        assert cursor.fetchone() == ("timed_out", 4)
 
 
 def test_sigterm_mid_cycle_exits_0_and_leaves_no_owner_half_written(documents: Documents) -> None:

@@ -1,6 +1,7 @@
 """The seed's test table (DESIGN 3), one named test each, on real PostgreSQL as the worker role."""
 
 import logging
+import threading
 import uuid
 from datetime import UTC, datetime, time, timedelta, timezone
 
@@ -324,6 +325,61 @@ def test_run_over_its_time_budget_stops_cleanly_and_the_next_run_finishes(
     assert second.status == ReminderRun.Status.SUCCEEDED
     assert second.owners_notified == 2
     assert sorted(notified_pairs()) == sorted((str(d.id), 7) for d in docs)
+
+
+def _expired_markers(count: int) -> None:
+    """`count` markers of long-gone documents (expiring 2026-01-01), straight into the ledger."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "insert into document_expiry_reminders (id, document_id, owner_user_id, type,"
+            " threshold_days, expires_at, reminded_at, notified, run_id)"
+            " select gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 'Visa', 0,"
+            " date '2026-01-01', now(), true, gen_random_uuid() from generate_series(1, %s)",
+            (count,))
+
+
+def _expired_left() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("select count(*) from document_expiry_reminders"
+                       " where expires_at = date '2026-01-01'")
+        row = cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_timed_out_cycle_prunes_within_a_budget_of_its_own(
+    run: CycleRunner, documents: Documents
+) -> None:
+    _expired_markers(12_000)  # more than two chunks of the prune
+    documents(expires_at=expiring_in(3))  # due: the cycle has a batch to run out of time on
+    seconds = [0.0]
+
+    def clock() -> float:
+        seconds[0] += 1.0  # every look at the clock finds a second gone
+        return seconds[0]
+
+    first = run(AS_OF, max_run_duration=timedelta(milliseconds=1),
+                prune_budget=timedelta(seconds=1.5), clock=clock)
+
+    assert first.status == ReminderRun.Status.TIMED_OUT and first.reminders_sent == 0
+    assert first.pruned == 5_000  # one chunk in its budget; the rest waits
+    assert _expired_left() == 7_000
+    second = run(AS_OF)
+    assert (second.status, second.pruned, _expired_left()) == ("succeeded", 7_000, 0)
+
+
+def test_a_cycle_stopped_by_a_signal_leaves_the_prune_to_the_next(
+    run: CycleRunner, documents: Documents
+) -> None:
+    _expired_markers(10)
+    for days in (2, 3):
+        documents(expires_at=expiring_in(days))
+    stop = threading.Event()
+
+    stopped = run(AS_OF, batch_size=1, stop=stop, progress=lambda _done, _total: stop.set())
+
+    assert (stopped.status, stopped.pruned, _expired_left()) == ("stopped", 0, 10)
+    assert run(AS_OF).pruned == 10
 
 
 def test_failing_owner_loses_nothing_for_the_others_and_is_retried_next_cycle(

@@ -24,7 +24,7 @@ from reminders.health import (
 )
 from reminders.models import ReminderRun
 from reminders.ops_server import parse_listen_addr
-from reminders.runner import ObservedCycles, prune_run_history
+from reminders.runner import ObservedCycles, observed_loop, prune_run_history
 from reminders.scrape import DatabaseGauges
 from tests.conftest import as_worker, command_env, manage_py
 from tests.factories import Documents
@@ -83,6 +83,15 @@ def test_a_dry_run_is_not_counted() -> None:
     result.dry_run = True
     metrics.observe_cycle(result)
     assert sample("profile_document_expiry_reminder_cycles_total", status="succeeded") == before
+
+
+def test_rearmed_markers_are_counted() -> None:
+    name = "profile_document_expiry_reminder_markers_rearmed_total"
+    before = sample(name)
+    result = _result(ReminderRun.Status.SUCCEEDED)
+    result.markers_rearmed = 3
+    metrics.observe_cycle(result)
+    assert sample(name) == before + 3
 
 
 def _result(status: str, failed_owners: int = 0) -> CycleResult:
@@ -306,6 +315,31 @@ def test_health_command_exit_codes(transactional_db: None) -> None:
         check=False, env={**command_env(), "DATABASE_URL": "postgres://nobody@127.0.0.1:1/x",
                           "DB_CONNECT_TIMEOUT_S": "2"})
     assert unreachable.returncode == 3, unreachable.stderr
+
+
+def test_health_command_limit_is_the_polling_interval_plus_two_hours(
+    transactional_db: None,
+) -> None:
+    _insert_run(datetime.now(UTC) - timedelta(hours=30), "succeeded")
+    assert _health().returncode == 1  # 26 h at the default 24 h
+    assert _health(REMINDER_POLLING_INTERVAL="48h").returncode == 0  # 50 h
+    _insert_run(datetime.now(UTC) - timedelta(hours=15), "succeeded")
+    assert _health().returncode == 0
+    unhealthy = _health(REMINDER_POLLING_INTERVAL="12h")  # 14 h
+    assert unhealthy.returncode == 1 and "14:00:00" in unhealthy.stderr
+
+
+@pytest.mark.parametrize(("interval_h", "alive"), [(12, False), (24, True), (48, True)])
+def test_loop_liveness_limit_is_the_polling_interval_plus_two_hours(
+    transactional_db: None, interval_h: int, alive: bool,
+) -> None:
+    settings = ReminderSettings(polling_interval=timedelta(hours=interval_h))
+    with observed_loop(settings, {}, stop=threading.Event()) as cycles:
+        health = cycles.health
+    assert health is not None
+    health.seen_success(NOW - timedelta(hours=20))
+
+    assert health.liveness(NOW).ok is alive
 
 
 @pytest.mark.real_clock

@@ -23,8 +23,9 @@ SAMPLE = {
     "reminded_at": "2026-11-29T03:00:00Z", "aggregate_type": "Profile", "event_type": "E",
     "contract_version": 1, "topic": "t", "extra_headers": None,
     "as_of": datetime(2026, 11, 29, 3, 0, tzinfo=UTC),
-    "host": "h", "status": "succeeded", "reminders_sent": 0, "owners_notified": 0,
-    "markers_written": 0, "skipped_already_marked": 0, "pruned": 0, "failed_owners": 0,
+    "host": "h", "trigger": "loop", "tick": datetime(2026, 11, 29, 3, 0, tzinfo=UTC),
+    "status": "succeeded", "reminders_sent": 0, "owners_notified": 0, "markers_written": 0,
+    "markers_rearmed": 0, "skipped_already_marked": 0, "pruned": 0, "failed_owners": 0,
     "duration_ms": 0, "error": None, "max_documents_per_event": 500, "unknown_type": "Unknown",
     "older_than": timedelta(hours=1),
 }

@@ -22,6 +22,10 @@ revoke all on profile.person_documents from pin_reminder_worker;
 grant select (id, owner_user_id, person_id, type, number_mask, expires_at, status, deleted_at)
     on profile.person_documents to pin_reminder_worker;
 grant select, insert, delete on profile.document_expiry_reminders to pin_reminder_worker;
+-- A renewed document's markers are re-armed in place (on conflict do update): the columns a
+-- claim rewrites, never the key (document_id, threshold_days) or the id.
+grant update (owner_user_id, type, expires_at, reminded_at, notified, run_id)
+    on profile.document_expiry_reminders to pin_reminder_worker;
 grant select, insert, update, delete on profile.document_expiry_reminder_runs to pin_reminder_worker;
 grant insert on profile.outbox_messages to pin_reminder_worker;
 
