@@ -11,7 +11,7 @@ from reminders.config import DEFAULT_THRESHOLDS
 from reminders.devdb import WORKER_ROLE
 from tests import chaos_report
 from tests.chaos import Worker, iso, load_spread_documents, outbox_count, scalar, wait_until
-from tests.chaos_proxy import Proxy
+from tests.chaos_proxy import Proxy, refused_port
 from tests.factories import Documents
 from tests.invariants import check_invariants, check_owner_atomicity, check_structure, documents_md5
 from tests.ledger import day
@@ -24,8 +24,8 @@ def written_rows() -> int:
                       " + (select count(*) from outbox_messages)"))
 
 
-def proxied_url(proxy: Proxy) -> str:
-    return f"postgres://{WORKER_ROLE}@127.0.0.1:{proxy.port}/{connection.settings_dict['NAME']}"
+def proxied_url(port: int) -> str:
+    return f"postgres://{WORKER_ROLE}@127.0.0.1:{port}/{connection.settings_dict['NAME']}"
 
 
 @pytest.mark.slow
@@ -33,10 +33,10 @@ def test_database_down_at_start_is_a_clear_error_and_writes_nothing(
     documents: Documents,
 ) -> None:
     documents(expires_at=day(3))
-    closed = Proxy(("127.0.0.1", 1))  # never started: its port refuses connections
 
-    worker = Worker.start("--as-of", iso(day(0)), DATABASE_URL=proxied_url(closed))
-    code, _ = worker.finish()
+    with refused_port() as port:
+        worker = Worker.start("--as-of", iso(day(0)), DATABASE_URL=proxied_url(port))
+        code, _ = worker.finish()
 
     assert code == 1
     [failed] = worker.logged("cycle failed")
@@ -59,7 +59,7 @@ def test_loop_waits_out_a_database_outage_with_backoff_and_carries_on(
     proxy = Proxy((db_host, int(db_port or 5432)))
 
     # Down at start: retries spaced by a growing backoff, nothing written, no crash.
-    worker = Worker.start("--loop", REMINDER_BATCH_SIZE="5", DATABASE_URL=proxied_url(proxy))
+    worker = Worker.start("--loop", REMINDER_BATCH_SIZE="5", DATABASE_URL=proxied_url(proxy.port))
     try:
         worker.wait_logged("database unavailable, retrying", count=3, timeout=30)
         retries = worker.logged("database unavailable, retrying")[:3]
@@ -85,7 +85,7 @@ def test_loop_waits_out_a_database_outage_with_backoff_and_carries_on(
         if worker.proc.poll() is None:
             worker.proc.kill()
             worker.finish()
-        proxy.stop()
+        proxy.close()
 
     assert code == 0, worker.lines[-5:]
     statuses = [e["status"] for e in worker.logged("cycle completed")]

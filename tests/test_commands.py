@@ -4,10 +4,13 @@ as the worker's least-privilege role."""
 import signal
 import uuid
 from collections import Counter
+from datetime import datetime
+from itertools import pairwise
 
 import pytest
 from django.db import connection
 
+from tests.chaos_proxy import refused_port
 from tests.conftest import command_env
 from tests.factories import Documents, DocumentSpec, insert_documents
 from tests.ledger import events, expiring_in, markers, run_statuses
@@ -180,16 +183,23 @@ def test_loop_runs_a_missed_cycle_at_once_then_sleeps_until_sigterm(documents: D
 
 
 def test_loop_survives_an_unreachable_database_with_backoff() -> None:
-    env = command_env()
-    env["DATABASE_URL"] = "postgres://pin_reminder_worker@127.0.0.1:1/nowhere"  # nothing listens
-    env["DB_CONNECT_TIMEOUT_S"] = "2"
-    worker = Command("run_expiry_reminders", "--loop", env=env)
+    with refused_port() as port:
+        env = command_env()
+        env["DATABASE_URL"] = f"postgres://pin_reminder_worker@127.0.0.1:{port}/nowhere"
+        env["DB_CONNECT_TIMEOUT_S"] = "2"
+        worker = Command("run_expiry_reminders", "--loop", env=env)
 
-    first = worker.wait_for_event("database unavailable, retrying")
-    second = worker.wait_for_event("database unavailable, retrying")
-    worker.process.send_signal(signal.SIGTERM)
-    code, _, _ = worker.finish()
+        retries = [worker.wait_for_event("database unavailable, retrying") for _ in range(3)]
+        worker.process.send_signal(signal.SIGTERM)
+        code, _, _ = worker.finish()
 
-    assert (first["attempt"], second["attempt"]) == (1, 2)
-    assert second["retry_in_s"] >= first["retry_in_s"] / 2 > 0  # backing off, not spinning
+    assert [r["attempt"] for r in retries] == [1, 2, 3]
+    delays = [r["retry_in_s"] for r in retries]
+    # Doubling with jitter over the upper half: attempt n waits within [2^(n-2), 2^(n-1)] s, so
+    # the third delay is at least twice the first; a constant or shrinking delay is not.
+    assert 0 < delays[0] <= delays[1] <= delays[2] and delays[2] >= 2 * delays[0], delays
+    gaps = [(datetime.fromisoformat(b["ts"]) - datetime.fromisoformat(a["ts"])).total_seconds()
+            for a, b in pairwise(retries)]
+    # It really waited that long (the delay is logged rounded to 0.1 s, the time to 1 ms).
+    assert all(gap >= delay - 0.06 for gap, delay in zip(gaps, delays, strict=False)), (gaps, delays)
     assert code == 0
