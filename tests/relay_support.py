@@ -18,6 +18,7 @@ from outbox.config import RelaySettings
 from outbox.mock_kafka import MockKafkaCluster
 from outbox.relay import Relay
 from outbox.topic import Record
+from outbox.wakeup import Wakeup
 from reminders import events
 from reminders.devdb import RELAY_ROLE
 from tests.db_roles import as_role
@@ -158,15 +159,17 @@ def first_seen_order(records: list[Record]) -> dict[str, list[str]]:
 class RelayThread(threading.Thread):
     """A relay running `run_loop` in its own thread, with its own connection, as the relay role."""
 
-    def __init__(self, settings: RelaySettings, **relay_options: Any) -> None:
+    def __init__(self, settings: RelaySettings, *, wakeup: Wakeup | None = None,
+                 **relay_options: Any) -> None:
         super().__init__(daemon=True)
         self.relay = Relay(settings, **relay_options)
+        self.wakeup = wakeup
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             with as_relay():
-                self.relay.run_loop()
+                self.relay.run_loop(self.wakeup)
         except BaseException as exc:
             self.error = exc
         finally:
