@@ -9,6 +9,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +186,8 @@ def test_sigterm_with_the_broker_down_releases_the_batch_within_the_grace_and_ex
     try:
         wait_for(lambda: claimed_count() == 3, timeout=60, what="the relay to claim the heads")
         relay.send_signal(signal.SIGTERM)
-        _, stderr = relay.communicate(timeout=30)
+        # Longer than the delivery timeout: a relay that ignored the grace still shows its gap.
+        _, stderr = relay.communicate(timeout=90)
     finally:
         if relay.poll() is None:
             relay.kill()
@@ -195,6 +197,12 @@ def test_sigterm_with_the_broker_down_releases_the_batch_within_the_grace_and_ex
     state = outbox_state()
     assert all(r["published_at"] is None and r["claimed_by"] is None and r["available_at"] is None
                and r["attempts"] == 0 for r in state)
+    # The grace, measured on the relay's own clock: from the signal to the batch's release.
+    logged = {e["event"]: e for e in map(json.loads, _log_lines(stderr))}
+    assert logged["broker unavailable, messages released"]["released"] == 3
+    waited = (datetime.fromisoformat(logged["broker unavailable, messages released"]["ts"])
+              - datetime.fromisoformat(logged["stop requested"]["ts"])).total_seconds()
+    assert 0.5 - 0.01 <= waited < 0.5 + 5, waited  # the grace (500ms), not the delivery timeout
 
 
 def test_one_pass_publishes_and_exits_0_with_a_summary(
@@ -302,3 +310,8 @@ def test_loop_serves_its_counters_and_health_on_metrics_addr(
 def _get(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - a loopback URL
         return response.status, response.read().decode()
+
+
+def _log_lines(stderr: str) -> list[str]:
+    """The JSON log lines of a relay's stderr."""
+    return [line for line in stderr.splitlines() if line.startswith('{"ts"')]
