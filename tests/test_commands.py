@@ -10,6 +10,7 @@ from itertools import pairwise
 import pytest
 from django.db import connection
 
+from tests.chaos import cycles_start_together
 from tests.chaos_proxy import refused_port
 from tests.conftest import command_env
 from tests.factories import Documents, DocumentSpec, insert_documents
@@ -152,10 +153,11 @@ def test_parallel_instances_write_one_marker_and_one_event_per_document(
     documents: Documents,
 ) -> None:
     specs = _owners_with_documents(owners=600, per_owner=3, days=(-1, 0, 3, 6, 20))
-    workers = [
-        Command("run_expiry_reminders", "--as-of", AS_OF_ARG, "--batch-size", "7")
-        for _ in range(4)
-    ]
+    with cycles_start_together(4):
+        workers = [
+            Command("run_expiry_reminders", "--as-of", AS_OF_ARG, "--batch-size", "7")
+            for _ in range(4)
+        ]
     results = [w.finish() for w in workers]
 
     assert [code for code, _, _ in results] == [0, 0, 0, 0], [err[-2000:] for _, _, err in results]
@@ -165,6 +167,12 @@ def test_parallel_instances_write_one_marker_and_one_event_per_document(
     sent = [int(line.split()[-1]) for _, out, _ in results for line in out.splitlines()
             if line.strip().startswith("reminders sent")]
     assert sum(sent) == len(specs)  # the instances split the work; nobody sent twice
+    # They really ran at once: every run started before any finished, and more than one won.
+    with connection.cursor() as cursor:
+        cursor.execute("select max(started_at) < min(finished_at), count(*)"
+                       " from document_expiry_reminder_runs")
+        assert cursor.fetchone() == (True, 4)
+    assert sum(1 for n in sent if n) >= 2, sent
 
 
 def test_loop_runs_a_missed_cycle_at_once_then_sleeps_until_sigterm(documents: Documents) -> None:
