@@ -7,33 +7,28 @@ import subprocess
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-import psycopg
 import pytest
 from django.db import connection
 
 from outbox.mock_kafka import MockKafkaCluster
 from outbox.topic import read_topic
 from reminders.devdb import RELAY_ROLE
-from tests.conftest import command_env, manage_py, test_database_url
+from tests.conftest import command_env, manage_py
 from tests.relay_support import (
     BASE_TIME,
     first_seen_order,
     insert_outbox,
     interleaved_rows,
+    marking_held,
     outbox_state,
     unpublished_count,
     wait_for,
 )
 
 pytestmark = pytest.mark.slow
-
-HOLD_LOCK = 4_242_001
 
 
 def relay_env(bootstrap: str, **extra: str) -> dict[str, str]:
@@ -59,31 +54,6 @@ def start_relay(env: dict[str, str], *args: str, log: Path | None = None) -> sub
 def run_relay(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*manage_py(), "publish_outbox", *args], env=env, text=True,
                           capture_output=True, timeout=120, check=False)
-
-
-@contextmanager
-def marking_held() -> Iterator[psycopg.Connection[Any]]:
-    """While inside, a relay that marks a row published blocks (on an advisory lock this
-    connection holds), after Kafka acknowledged the row: the window between produce and mark."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"""
-            create function hold_outbox_mark() returns trigger language plpgsql as $$
-            begin
-                perform pg_advisory_xact_lock({HOLD_LOCK});
-                return new;
-            end $$;
-            create trigger hold_outbox_mark before update on outbox_messages for each row
-                when (old.published_at is null and new.published_at is not null)
-                execute function hold_outbox_mark();""")
-    holder = psycopg.connect(test_database_url(), autocommit=True)
-    holder.execute("select pg_advisory_lock(%s)", [HOLD_LOCK])
-    try:
-        yield holder
-    finally:
-        holder.close()  # releases the lock
-        with connection.cursor() as cursor:
-            cursor.execute("drop trigger if exists hold_outbox_mark on outbox_messages;"
-                           " drop function if exists hold_outbox_mark()")
 
 
 def relay_blocked_on_mark() -> bool:
