@@ -13,7 +13,14 @@ from tests import chaos_report
 from tests.chaos import Worker, iso, load_spread_documents, outbox_count, scalar, wait_until
 from tests.chaos_proxy import Proxy, refused_port
 from tests.factories import Documents
-from tests.invariants import check_invariants, check_owner_atomicity, check_structure, documents_md5
+from tests.invariants import (
+    check_invariants,
+    check_owner_atomicity,
+    check_structure,
+    documents_md5,
+    snapshot,
+    tally,
+)
 from tests.ledger import day
 from tests.reference import ReferenceLedger, documents_from_database
 
@@ -43,9 +50,10 @@ def test_database_down_at_start_is_a_clear_error_and_writes_nothing(
     assert "connection" in failed["error"].lower()
     [message] = worker.plain_lines()  # one line, saying what happened
     assert message.startswith("CommandError: cycle failed") and "connection" in message
-    assert written_rows() == 0
+    rows_written = written_rows()
     chaos_report.record("database down at start (single run)", runs=1, exit_code=code,
-                        rows_written=0)
+                        rows_written=rows_written)
+    assert rows_written == 0
 
 
 @pytest.mark.slow
@@ -98,7 +106,7 @@ def test_loop_waits_out_a_database_outage_with_backoff_and_carries_on(
     chaos_report.record(
         "database down (--loop)", documents=loaded, outages=2, retries=len(all_retries),
         retry_in_s=[r["retry_in_s"] for r in all_retries], cycles=statuses,
-        connections_through_proxy=proxy.connections, lost=0, duplicated=0)
+        connections_through_proxy=proxy.connections, **tally(snapshot(), model))
 
 
 @pytest.mark.slow
@@ -125,8 +133,9 @@ def test_sigterm_during_a_cycle_exits_0_and_the_next_run_finishes_the_day(
 
     final = Worker.start("--as-of", iso(as_of))
     assert final.finish()[0] == 0
-    check_invariants(documents_before=before, model=done)
+    snap = snapshot()
     chaos_report.record(
         "SIGTERM during a cycle", documents=loaded, runs=2, signals=1, exit_code=code,
         owners_done_before_stop=counts.get("done", 0), owners_total=len(done.events),
-        half_written_owners=0, lost=0, duplicated=0)
+        half_written_owners=counts["half_written"], **tally(snap, done))
+    check_invariants(documents_before=before, model=done, snap=snap)
