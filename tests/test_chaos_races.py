@@ -34,16 +34,17 @@ def test_four_workers_racing_on_the_same_documents_remind_each_once(
         assert [code for code, _ in exits] == [0] * WORKERS, [w.lines[-5:] for w in workers]
         model.run(docs, as_of, DEFAULT_THRESHOLDS)
         check_invariants(documents_before=before, model=model)
-        split_per_day.append([w.logged("cycle completed")[0]["owners_notified"] for w in workers])
+        split = [w.logged("cycle completed")[0]["owners_notified"] for w in workers]
+        split_per_day.append(split)
+        if offset == DAYS[0]:
+            # The race is real: on the first day (the whole backlog) 3 of the 4 won owners.
+            assert sum(1 for n in split if n) >= 3, split
 
     figures = tally(snapshot(), model)  # every day's markers and events are still there
     events = len(model.events)
     reminders = sum(len(items) for items in model.events.values())
-    winners_on_the_racing_day = sum(1 for n in split_per_day[0] if n)
     chaos_report.record(
         "races", workers=WORKERS, documents=loaded, days=len(DAYS),
         runs=WORKERS * len(DAYS), events=events, reminders=reminders,
         owners_won_per_worker_per_day=split_per_day,
-        winners_on_the_racing_day=winners_on_the_racing_day, **figures)
-    # The race is real: on the first day (the whole backlog) at least 3 of the 4 won owners.
-    assert winners_on_the_racing_day >= 3, split_per_day
+        winners_on_the_racing_day=sum(1 for n in split_per_day[0] if n), **figures)
