@@ -217,7 +217,7 @@ def check_owner_atomicity(before: ReferenceLedger, after: ReferenceLedger,
     old = _by_owner(owner_of, before.marker_set(), before.events)
     new = _by_owner(owner_of, after.marker_set(), after.events)
     empty: OwnerState = (frozenset(), frozenset())
-    counts = Counter[str]()
+    counts = Counter[str](done=0, untouched=0)
     half = []
     for owner in set(got) | set(old) | set(new):
         state = got.get(owner, empty)
@@ -227,15 +227,41 @@ def check_owner_atomicity(before: ReferenceLedger, after: ReferenceLedger,
             counts["untouched"] += 1
         else:
             half.append(owner)
+    counts["half_written"] = len(half)
     _fail("(b) no half-written owner", half)
     return dict(counts)
 
 
+def tally(snap: Snapshot, model: ReferenceLedger | None = None) -> dict[str, int]:
+    """The chaos report's figures, counted in what the worker wrote (and, given the model of
+    the clean runs, against it): `duplicated` rows written twice (markers of one (document,
+    threshold), event items of one (document, threshold, expiry), events of one owner and day);
+    `lost` markers and event items the model has that the database lacks; `unexpected` the
+    reverse. A changed field counts as lost and unexpected."""
+    # a renewed document is told again at a threshold with its new expiry: not a duplicate
+    listed = Counter((i["documentId"], int(i["thresholdDays"]), i["expiresAt"])
+                     for e in snap.events for i in e.documents)
+    per_day = Counter((e.owner, e.reminded_on) for e in snap.events)
+    figures = {"duplicated": sum(int(n) - 1 for *_, n in snap.duplicate_markers)
+               + sum(n - 1 for n in listed.values()) + sum(n - 1 for n in per_day.values())}
+    if model is not None:
+        got, want = snap.marker_set(), model.marker_set()
+        got_items = {(owner, day, json.dumps(item, sort_keys=True))
+                     for (owner, day), items in snap.events_by_owner_day().items()
+                     for item in items.values()}
+        want_items = {(owner, day, json.dumps(item, sort_keys=True))
+                      for (owner, day), items in model.events.items() for item in items.values()}
+        figures["lost"] = len(want - got) + len(want_items - got_items)
+        figures["unexpected"] = len(got - want) + len(got_items - want_items)
+    return figures
+
+
 def check_invariants(*, documents_before: str, model: ReferenceLedger | None = None,
-                     retention_days: int = 90) -> Snapshot:
+                     retention_days: int = 90, snap: Snapshot | None = None) -> Snapshot:
     """All of (a)-(e); (d) only when a model of the clean runs is given. `retention_days`: the
-    shortest retention any run used (markers older than that may have been pruned)."""
-    snap = check_structure(snapshot(retention_days))
+    shortest retention any run used (markers older than that may have been pruned). `snap`: a
+    snapshot already taken (e.g. for `tally`), checked instead of a new one."""
+    snap = check_structure(snap or snapshot(retention_days))
     if model is not None:
         check_matches_model(model, snap)
     assert documents_md5() == documents_before, "invariant (e) broken: person_documents changed"

@@ -2,6 +2,8 @@
 its data set, runs every phase, and the worker's cold cycle equals the floor. No timings are
 asserted: speed is the benchmark's business, not the tests'."""
 
+import uuid
+
 import pytest
 from django.db import connection
 
@@ -19,8 +21,12 @@ def _server_url() -> str:
 @pytest.mark.slow
 @pytest.mark.parametrize("shape", ["backlog", "steady"])
 def test_benchmark_runs_and_the_worker_equals_the_floor(shape: str) -> None:
+    # Unique: two sessions on one test database (or a rerun after a crash) never share it; the
+    # suffix is kept whole within PostgreSQL's 63-byte names.
+    suffix = f"_smoke_{shape}_{uuid.uuid4().hex[:12]}"
+    database = connection.settings_dict["NAME"][:63 - len(suffix)] + suffix
     config = BenchConfig(shape=shape, documents=SMOKE_DOCUMENTS, server_url=_server_url(),
-                         database=f"{connection.settings_dict['NAME']}_smoke_{shape}")
+                         database=database)
     try:
         result = run_benchmark(config, log=lambda _line: None)
     finally:

@@ -30,6 +30,8 @@ from tests.invariants import (
     check_owner_atomicity,
     check_structure,
     documents_md5,
+    snapshot,
+    tally,
 )
 from tests.ledger import AS_OF, day, expiring_in
 from tests.reference import ReferenceLedger, documents_from_database
@@ -82,13 +84,14 @@ def test_sessions_terminated_mid_cycle_fail_the_run_and_the_next_run_completes(
     counts = check_owner_atomicity(ReferenceLedger(), done, docs)
     assert 0 < counts.get("done", 0) < len(done.events)
 
-    code, out, _ = run_next(as_of)
-    assert code == 0, out
-    check_invariants(documents_before=before, model=done)
+    next_code, out, _ = run_next(as_of)
+    assert next_code == 0, out
+    snap = snapshot()
     chaos_report.record(
-        "lost connections (single run)", documents=loaded, runs=2, sessions_terminated=2,
+        "lost connections (single run)", documents=loaded, runs=2, sessions_terminated=len(ended),
         owners_failed_reported=failed_owners, owners_done_before_loss=counts.get("done", 0),
-        owners_total=len(done.events), exit_codes=[1, 0], lost=0, duplicated=0)
+        owners_total=len(done.events), exit_codes=[code, next_code], **tally(snap, done))
+    check_invariants(documents_before=before, model=done, snap=snap)
 
 
 def run_next(as_of: datetime) -> tuple[int, str, Worker]:
@@ -131,7 +134,8 @@ def test_loop_reconnects_with_backoff_after_its_sessions_are_terminated(
     chaos_report.record(
         "lost connections (--loop)", documents=loaded, cycles=len(statuses), histories=histories,
         sessions_terminated=ended, retries=len(retries),
-        retry_in_s=[r["retry_in_s"] for r in retries], statuses=statuses, lost=0, duplicated=0)
+        retry_in_s=[r["retry_in_s"] for r in retries], statuses=statuses,
+        **tally(snapshot()))
 
 
 def test_a_retry_after_utc_midnight_matches_a_history_of_the_recorded_runs(

@@ -8,9 +8,9 @@ from django.db import connection
 
 from reminders.config import DEFAULT_THRESHOLDS
 from tests import chaos_report
-from tests.chaos import Worker, iso, load_spread_documents
+from tests.chaos import Worker, cycles_start_together, iso, load_spread_documents
 from tests.factories import Documents
-from tests.invariants import check_invariants, documents_md5
+from tests.invariants import check_invariants, documents_md5, snapshot, tally
 from tests.ledger import day
 from tests.reference import ReferenceLedger, documents_from_database
 
@@ -30,22 +30,27 @@ def test_four_workers_racing_on_the_same_documents_remind_each_once(
     split_per_day = []
     for offset in DAYS:
         as_of = day(offset)
-        workers = [Worker.start("--as-of", iso(as_of), REMINDER_BATCH_SIZE="200")
-                   for _ in range(WORKERS)]
+        with cycles_start_together(WORKERS):
+            workers = [Worker.start("--as-of", iso(as_of), REMINDER_BATCH_SIZE="200")
+                       for _ in range(WORKERS)]
         exits = [w.finish(timeout=300) for w in workers]
         assert [code for code, _ in exits] == [0] * WORKERS, [w.lines[-5:] for w in workers]
         model.run(docs, as_of, DEFAULT_THRESHOLDS)
         check_invariants(documents_before=before, model=model)
-        split_per_day.append([w.logged("cycle completed")[0]["owners_notified"] for w in workers])
+        split = [w.logged("cycle completed")[0]["owners_notified"] for w in workers]
+        split_per_day.append(split)
+        if offset == DAYS[0]:
+            # The race is real: on the first day (the whole backlog) 3 of the 4 won owners.
+            assert sum(1 for n in split if n) >= 3, split
 
+    figures = tally(snapshot(), model)  # every day's markers and events are still there
     events = len(model.events)
     reminders = sum(len(items) for items in model.events.values())
-    # The race is real: on busy days more than one worker won owners.
-    assert any(sum(1 for n in split if n) > 1 for split in split_per_day), split_per_day
     chaos_report.record(
         "races", workers=WORKERS, documents=loaded, days=len(DAYS),
         runs=WORKERS * len(DAYS), events=events, reminders=reminders,
-        owners_won_per_worker_per_day=split_per_day, lost=0, duplicated=0)
+        owners_won_per_worker_per_day=split_per_day,
+        winners_on_the_racing_day=sum(1 for n in split_per_day[0] if n), **figures)
 
 
 RENEWED_DOCUMENTS = 2_000
@@ -100,4 +105,4 @@ def test_four_workers_racing_on_renewed_documents_rearm_each_marker_once(
     chaos_report.record(
         "races on renewed documents", workers=WORKERS, documents=loaded, renewed=renewed,
         markers_before=marked_before, markers_rearmed=model.rearmed, rearmed_per_worker=rearmed,
-        events=len(model.events), lost=0, duplicated=0)
+        events=len(model.events), **tally(snapshot(), model))

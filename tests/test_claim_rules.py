@@ -1,7 +1,8 @@
 """The rules run in SQL inside the claim statement (store.claim_batch). They must decide as
 reminders.rules.decide does, for every days-left in the window and every set of markers
 already there (of the current expiry date, or of an earlier one), at any batch size; and the
-dry run, which runs rules.decide, must agree."""
+dry run, which runs rules.decide, must agree. The independent reference model
+(tests/reference.py) is a second oracle on the same grid."""
 
 import uuid
 from collections import Counter
@@ -14,7 +15,9 @@ from django.db import connection
 from reminders import rules
 from tests.conftest import CycleRunner
 from tests.factories import Documents, DocumentSpec
+from tests.invariants import check_matches_model
 from tests.ledger import AS_OF, TODAY, Marker, events, expiring_in
+from tests.reference import ReferenceLedger, RefMarker, documents_from_database
 
 THRESHOLDS = (30, 14, 7, 1, 0)
 DAYS_LEFT = (-90, -3, 0, 1, 2, 7, 8, 13, 14, 15, 29, 30)
@@ -117,6 +120,17 @@ def test_claim_statement_decides_as_the_pure_rules(
             dict(planned.reminders_by_threshold)) == (
         result.due_documents, result.markers_written, result.owners_notified,
         dict(result.reminders_by_threshold))
+
+    # A second oracle, written from the design apart from reminders.rules: a mistake shared by
+    # rules.decide and the SQL would pass everything above, not this.
+    model = ReferenceLedger()
+    for doc, marked in grid:
+        assert doc.expires_at is not None
+        model.markers[doc.id] = {t: RefMarker(notified=False,
+                                              expiry_day=doc.expires_at.astimezone(UTC).date())
+                                 for t in marked}
+    model.run(documents_from_database(), AS_OF, THRESHOLDS)
+    check_matches_model(model)
 
 
 def _ledger() -> dict[tuple[uuid.UUID, int], tuple[date, bool]]:

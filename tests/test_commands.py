@@ -6,10 +6,13 @@ import signal
 import uuid
 from collections import Counter
 from datetime import UTC, datetime
+from itertools import pairwise
 
 import pytest
 from django.db import connection
 
+from tests.chaos import cycles_start_together
+from tests.chaos_proxy import refused_port
 from tests.conftest import command_env
 from tests.factories import Documents, DocumentSpec, insert_documents
 from tests.ledger import events, expiring_in, markers, real_today, run_statuses
@@ -188,10 +191,11 @@ def test_parallel_instances_write_one_marker_and_one_event_per_document(
     documents: Documents,
 ) -> None:
     specs = _owners_with_documents(owners=600, per_owner=3, days=(-1, 0, 3, 6, 20))
-    workers = [
-        Command("run_expiry_reminders", "--as-of", AS_OF_ARG, "--batch-size", "7")
-        for _ in range(4)
-    ]
+    with cycles_start_together(4):
+        workers = [
+            Command("run_expiry_reminders", "--as-of", AS_OF_ARG, "--batch-size", "7")
+            for _ in range(4)
+        ]
     results = [w.finish() for w in workers]
 
     assert [code for code, _, _ in results] == [0, 0, 0, 0], [err[-2000:] for _, _, err in results]
@@ -201,6 +205,12 @@ def test_parallel_instances_write_one_marker_and_one_event_per_document(
     sent = [int(line.split()[-1]) for _, out, _ in results for line in out.splitlines()
             if line.strip().startswith("reminders sent")]
     assert sum(sent) == len(specs)  # the instances split the work; nobody sent twice
+    # They really ran at once: every run started before any finished, and more than one won.
+    with connection.cursor() as cursor:
+        cursor.execute("select max(started_at) < min(finished_at), count(*)"
+                       " from document_expiry_reminder_runs")
+        assert cursor.fetchone() == (True, 4)
+    assert sum(1 for n in sent if n) >= 2, sent
 
 
 @pytest.mark.real_clock(needs_database_clock=True)
@@ -224,16 +234,23 @@ def test_loop_runs_a_missed_cycle_at_once_then_sleeps_until_sigterm(documents: D
 
 
 def test_loop_survives_an_unreachable_database_with_backoff() -> None:
-    env = command_env()
-    env["DATABASE_URL"] = "postgres://pin_reminder_worker@127.0.0.1:1/nowhere"  # nothing listens
-    env["DB_CONNECT_TIMEOUT_S"] = "2"
-    worker = Command("run_expiry_reminders", "--loop", env=env)
+    with refused_port() as port:
+        env = command_env()
+        env["DATABASE_URL"] = f"postgres://pin_reminder_worker@127.0.0.1:{port}/nowhere"
+        env["DB_CONNECT_TIMEOUT_S"] = "2"
+        worker = Command("run_expiry_reminders", "--loop", env=env)
 
-    first = worker.wait_for_event("database unavailable, retrying")
-    second = worker.wait_for_event("database unavailable, retrying")
-    worker.process.send_signal(signal.SIGTERM)
-    code, _, _ = worker.finish()
+        retries = [worker.wait_for_event("database unavailable, retrying") for _ in range(3)]
+        worker.process.send_signal(signal.SIGTERM)
+        code, _, _ = worker.finish()
 
-    assert (first["attempt"], second["attempt"]) == (1, 2)
-    assert second["retry_in_s"] >= first["retry_in_s"] / 2 > 0  # backing off, not spinning
+    assert [r["attempt"] for r in retries] == [1, 2, 3]
+    delays = [r["retry_in_s"] for r in retries]
+    # Doubling with jitter over the upper half: attempt n waits within [2^(n-2), 2^(n-1)] s, so
+    # the third delay is at least twice the first; a constant or shrinking delay is not.
+    assert 0 < delays[0] <= delays[1] <= delays[2] and delays[2] >= 2 * delays[0], delays
+    gaps = [(datetime.fromisoformat(b["ts"]) - datetime.fromisoformat(a["ts"])).total_seconds()
+            for a, b in pairwise(retries)]
+    # It really waited that long (the delay is logged rounded to 0.1 s, the time to 1 ms).
+    assert all(gap >= delay - 0.06 for gap, delay in zip(gaps, delays, strict=False)), (gaps, delays)
     assert code == 0

@@ -67,13 +67,15 @@ def test_failed_owners_and_failed_cycles_count_as_errors() -> None:
     last = sample("profile_document_expiry_reminder_last_success_timestamp_seconds")
     partial = _result(ReminderRun.Status.PARTIAL, failed_owners=3)
     failed = _result(ReminderRun.Status.FAILED)
+    partial_finished = NOW + timedelta(seconds=17)
+    assert last != partial_finished.timestamp()  # so that only the partial cycle can set it
 
-    metrics.observe_cycle(partial)
+    metrics.observe_cycle(partial, finished_at=partial_finished)
     after_partial = sample("profile_document_expiry_reminder_last_success_timestamp_seconds")
     metrics.observe_cycle(failed, finished_at=datetime(2000, 1, 1, tzinfo=UTC))
 
     assert sample("profile_document_expiry_reminder_errors_total") == before + 4
-    assert after_partial >= last  # partial did its work
+    assert after_partial == partial_finished.timestamp()  # partial did its work
     assert sample("profile_document_expiry_reminder_last_success_timestamp_seconds") == after_partial
 
 

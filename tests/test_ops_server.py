@@ -3,9 +3,9 @@ METRICS_ADDR) scraped by the Prometheus text parser and by a real Prometheus ser
 
 import json
 import queue
+import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -16,7 +16,6 @@ from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -194,10 +193,10 @@ def test_bad_metrics_address_is_a_usage_error(transactional_db: None) -> None:
     assert done.returncode == 2 and "METRICS_ADDR" in done.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _listening_address(log: Path) -> str | None:
+    """The address Prometheus bound (it was given port 0), from its log line."""
+    match = re.search(r'msg="Listening on" address=(127\.0\.0\.1:\d+)', log.read_text())
+    return match.group(1) if match else None
 
 
 def _query(base: str, promql: str) -> list[dict[str, Any]]:
@@ -227,15 +226,19 @@ def test_a_real_prometheus_scrapes_the_worker(documents: Documents, tmp_path: Pa
             "scrape_configs:\n  - job_name: document-expiry-reminder-worker\n"
             f"    static_configs:\n      - targets: ['{target}']\n"
         )
-        port = _free_port()
-        log = (tmp_path / "prometheus.log").open("w")
+        log_path = tmp_path / "prometheus.log"
+        log = log_path.open("w")
+        # Port 0: Prometheus binds a free port itself and logs it, so no other process can
+        # take the port between our choice and its bind.
         server = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+             "--web.listen-address=127.0.0.1:0", "--log.level=info"],
             stdout=subprocess.DEVNULL, stderr=log,
         )
-        base = f"http://127.0.0.1:{port}"
         try:
+            address = wait_for("prometheus to listen", lambda: _listening_address(log_path)
+                               if server.poll() is None else pytest.fail("prometheus exited"))
+            base = f"http://{address}"
             wait_for("prometheus to be ready", lambda: get(f"{base}/-/ready")[0] == 200
                      if server.poll() is None else pytest.fail("prometheus exited"))
             result = wait_for("the counter in prometheus", lambda: _query(
