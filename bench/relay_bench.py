@@ -3,6 +3,10 @@ librdkafka's mock cluster, beside a raw confluent-kafka producer sending the sam
 from memory (the floor: no database at all).
 
     python bench/relay_bench.py [--events 100000] [--batch-size 500 --batch-size 5000]
+                                [--bootstrap HOST:PORT]
+
+`--bootstrap` measures against a broker already running there (a Tansu process, for one:
+docs/outbox-relay.md) instead of librdkafka's in-process mock cluster.
 
 A third line per batch size runs only the relay's claim and mark statements (no Kafka): the
 database's share, which bounds the relay. It creates a fresh database (BENCH_DATABASE_URL, default
@@ -182,21 +186,23 @@ def measure_db_floor(messages: list[BenchMessage], batch_size: int,
 
 
 def measure(events: int, batch_sizes: list[int], linger_ms: int = 5,
-            using: str = "default") -> list[Measurement]:
-    """Raw producer, then the relay at each batch size, each on a fresh mock cluster topic."""
+            using: str = "default", bootstrap: str | None = None) -> list[Measurement]:
+    """Raw producer, then the relay at each batch size, each on a fresh topic of a fresh mock
+    cluster (or of the broker at `bootstrap`)."""
     from devtools.mock_kafka import MockKafkaCluster
 
     results = []
+    run = uuid.uuid4().hex[:8]  # a broker that outlives the run gets new topics each time
     with MockKafkaCluster(3) as cluster:
-        raw_topic = "bench.raw"
-        _warm_up(cluster.bootstrap_servers, raw_topic)
-        results.append(measure_raw(bench_messages(events), cluster.bootstrap_servers,
-                                   raw_topic, linger_ms))
+        servers = bootstrap or cluster.bootstrap_servers
+        raw_topic = f"bench.raw.{run}"
+        _warm_up(servers, raw_topic)
+        results.append(measure_raw(bench_messages(events), servers, raw_topic, linger_ms))
         for n, batch_size in enumerate(batch_sizes):
-            topic = f"bench.relay.{n}"
-            _warm_up(cluster.bootstrap_servers, topic)
-            results.append(measure_relay(bench_messages(events, n + 1), cluster.bootstrap_servers,
-                                         topic, batch_size=batch_size, linger_ms=linger_ms,
+            topic = f"bench.relay.{run}.{n}"
+            _warm_up(servers, topic)
+            results.append(measure_relay(bench_messages(events, n + 1), servers, topic,
+                                         batch_size=batch_size, linger_ms=linger_ms,
                                          using=using))
     for batch_size in batch_sizes:
         results.append(measure_db_floor(bench_messages(events, 99), batch_size, using))
@@ -229,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, action="append", dest="batch_sizes")
     parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--bootstrap", metavar="HOST:PORT",
+                        help="a running broker to measure against (default: a mock cluster)")
     args = parser.parse_args(argv)
     url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL)
     _fresh_database(url)
@@ -241,8 +249,10 @@ def main(argv: list[str] | None = None) -> int:
 
     django.setup()
     call_command("migrate", verbosity=0)
-    results = measure(args.events, args.batch_sizes or [500, 5000], args.linger_ms)
-    print(f"relay benchmark: {args.events} events, mock cluster of 3 brokers, "
+    results = measure(args.events, args.batch_sizes or [500, 5000], args.linger_ms,
+                      bootstrap=args.bootstrap)
+    broker = f"the broker at {args.bootstrap}" if args.bootstrap else "mock cluster of 3 brokers"
+    print(f"relay benchmark: {args.events} events, {broker}, "
           f"linger {args.linger_ms} ms, {os.cpu_count()} cores")
     print(table(results))
     if args.json:

@@ -20,6 +20,7 @@ _SUMMARY = {
     "reminders_sent": "reminders sent",
     "owners_notified": "owners notified",
     "markers_written": "markers written",
+    "markers_rearmed": "markers re-armed",
     "pruned": "pruned markers",
     "failed_owners": "failed owners",
     "duration_ms": "duration",

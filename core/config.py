@@ -148,3 +148,15 @@ def choice_parser(*choices: str, upper: bool = False) -> Parser[str]:
         return value
 
     return parse
+
+
+_FLAGS = {"1": True, "true": True, "yes": True, "on": True,
+          "0": False, "false": False, "no": False, "off": False}
+
+
+def parse_flag(name: str, raw: str) -> bool:
+    """on/off, true/false, yes/no or 1/0; anything else names the variable."""
+    value = _FLAGS.get(raw.strip().lower())
+    if value is None:
+        raise ConfigError(name, f"expected on or off (true/false, yes/no, 1/0), got {raw.strip().lower()!r}")
+    return value

@@ -6,3 +6,4 @@ from pathlib import Path
 ROLES_SQL = Path(__file__).parent / "sql" / "roles.sql"
 WORKER_ROLE = "pin_reminder_worker"
 RELAY_ROLE = "pin_outbox_relay"
+ADMIN_WEB_ROLE = "pin_admin_web"

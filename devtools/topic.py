@@ -4,10 +4,11 @@ tests check it. A fresh consumer group each time, so nothing is skipped or commi
 import json
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
 from reminders import events
 
@@ -29,29 +30,37 @@ class Record:
         return json.loads(self.value)
 
 
-def read_topic(bootstrap: str, topic: str = events.TOPIC, *, timeout: float = 30.0) -> list[Record]:
-    """Every record now in `topic` (all partitions, from the start, up to the end offsets seen
-    when called), in partition then offset order."""
+def read_topic(bootstrap: str, topic: str = events.TOPIC, *, timeout: float = 30.0,
+               security: Mapping[str, Any] | None = None) -> list[Record]:
+    """Every record now in `topic` (all partitions, from the start, each up to the end it has
+    when the reader gets there), in partition then offset order; `security` adds librdkafka's
+    TLS and SASL properties (outbox.kafka.security_config)."""
     consumer = Consumer({
+        **(security or {}),
         "bootstrap.servers": bootstrap,
         "group.id": f"read-topic-{uuid.uuid4()}",
         "enable.auto.commit": False,
         "auto.offset.reset": "earliest",
+        # The end is where a fetch says it is: Tansu 0.6 answers ListOffsets (the watermark
+        # query) with its last batch's first offset, short of the real end.
+        "enable.partition.eof": True,
     })
     try:
         metadata = consumer.list_topics(topic, timeout=10)
         partitions = sorted(metadata.topics[topic].partitions) if topic in metadata.topics else []
-        ends = {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in partitions}
-        wanted = {p for p, end in ends.items() if end > 0}
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in wanted])
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
+        pending = set(partitions)
         records: list[Record] = []
         deadline = time.monotonic() + timeout
-        while wanted:
+        while pending:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"could not read {topic} to its end in {timeout}s")
             message = consumer.poll(0.2)
-            if message is None or message.error():
+            if message is None:
+                continue
+            if message.error():
+                if message.error().code() == KafkaError._PARTITION_EOF:
+                    pending.discard(message.partition())
                 continue
             records.append(Record(
                 key=(message.key() or b"").decode(), value=message.value() or b"",
@@ -59,8 +68,6 @@ def read_topic(bootstrap: str, topic: str = events.TOPIC, *, timeout: float = 30
                 timestamp_ms=message.timestamp()[1], partition=message.partition(),
                 offset=message.offset(),
             ))
-            if message.offset() + 1 >= ends[message.partition()]:
-                wanted.discard(message.partition())
         return sorted(records, key=lambda r: (r.partition, r.offset))
     finally:
         consumer.close()

@@ -1,8 +1,10 @@
 """The relay's settings (KAFKA_BOOTSTRAP_SERVERS, OUTBOX_*), read and validated through
 core.config before any database or Kafka work: a bad value raises ConfigError naming it."""
 
+import json
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -18,6 +20,46 @@ from core.config import (
 )
 
 BOOTSTRAP_VAR = "KAFKA_BOOTSTRAP_SERVERS"
+PROPERTIES_VAR = "KAFKA_PRODUCER_CONFIG"
+PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
+SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+# A librdkafka property value, as KAFKA_PRODUCER_CONFIG may give it.
+Scalar = str | int | float | bool
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    """A password: never shown by repr() or str(), so no log line or exception carries it."""
+
+    value: str = field(repr=False)
+
+    def __str__(self) -> str:
+        return "***"
+
+
+@dataclass(frozen=True, slots=True)
+class KafkaSecurity:
+    """How the relay authenticates to Kafka and verifies it (KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_*,
+    KAFKA_SSL_*); docs/outbox-relay.md, "A secured Kafka"."""
+
+    protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: Secret | None = None
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+    ssl_key_password: Secret | None = None
+    ssl_endpoint_identification: bool = True
+
+    @property
+    def uses_sasl(self) -> bool:
+        return self.protocol.startswith("SASL_")
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.protocol.endswith("SSL")
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +77,9 @@ class RelaySettings(Settings):
     backoff_initial: timedelta = timedelta(seconds=1)
     backoff_max: timedelta = timedelta(minutes=1)
     linger: timedelta = timedelta(milliseconds=5)
+    security: KafkaSecurity = KafkaSecurity()
+    # Further librdkafka properties from KAFKA_PRODUCER_CONFIG; outbox.kafka refuses the guarded.
+    extra_properties: tuple[tuple[str, Scalar], ...] = ()
 
 
 def parse_bootstrap(name: str, raw: str) -> str:
@@ -65,12 +110,96 @@ VARIABLES: dict[str, tuple[str, Parser[Any]]] = {
 }
 
 
+def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
+    value = raw.strip().upper()
+    if value not in choices:
+        raise ConfigError(name, f"expected one of {', '.join(choices)}, got {raw!r}")
+    return value
+
+
+def _readable_file(name: str, raw: str) -> str:
+    path = raw.strip()
+    if not path or not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise ConfigError(name, f"no readable file at {path!r}")
+    return path
+
+
+def load_security(environ: Mapping[str, str]) -> KafkaSecurity:
+    """KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_* and KAFKA_SSL_*, each checked against the protocol:
+    a SASL or TLS setting the protocol would ignore is refused, not silently dropped."""
+    protocol = _choice("KAFKA_SECURITY_PROTOCOL", environ.get("KAFKA_SECURITY_PROTOCOL",
+                                                              "PLAINTEXT"), PROTOCOLS)
+    sasl, tls = protocol.startswith("SASL_"), protocol.endswith("SSL")
+
+    def get(name: str, *, needs: bool, required: bool = False) -> str | None:
+        raw = environ.get(name)
+        if raw is not None and not needs:
+            wanted = "SASL_PLAINTEXT or SASL_SSL" if "SASL" in name else "SSL or SASL_SSL"
+            raise ConfigError(name, f"set, but KAFKA_SECURITY_PROTOCOL is {protocol} "
+                                    f"(it needs {wanted})")
+        if (raw is None or raw == "") and required:
+            raise ConfigError(name, f"required with KAFKA_SECURITY_PROTOCOL={protocol}")
+        if raw is not None and raw.strip() == "":
+            raise ConfigError(name, "empty")
+        return raw
+
+    mechanism = get("KAFKA_SASL_MECHANISM", needs=sasl, required=sasl)
+    username = get("KAFKA_SASL_USERNAME", needs=sasl, required=sasl)
+    password = get("KAFKA_SASL_PASSWORD", needs=sasl, required=sasl)  # never echoed
+    ca, cert, key, key_password, identify = (
+        get(f"KAFKA_SSL_{name}", needs=tls) for name in
+        ("CA_LOCATION", "CERTIFICATE_LOCATION", "KEY_LOCATION", "KEY_PASSWORD",
+         "ENDPOINT_IDENTIFICATION"))
+    if (cert is None) != (key is None):
+        missing = "KAFKA_SSL_KEY_LOCATION" if key is None else "KAFKA_SSL_CERTIFICATE_LOCATION"
+        raise ConfigError(missing, "required with the other half of the client certificate")
+    if key_password is not None and key is None:
+        raise ConfigError("KAFKA_SSL_KEY_PASSWORD", "set, but KAFKA_SSL_KEY_LOCATION is not")
+    if identify is not None and identify.strip().lower() not in {"https", "none"}:
+        raise ConfigError("KAFKA_SSL_ENDPOINT_IDENTIFICATION",
+                          f"expected https (verify the broker's host name) or none, got {identify!r}")
+    return KafkaSecurity(
+        protocol=protocol,
+        sasl_mechanism=_choice("KAFKA_SASL_MECHANISM", mechanism, SASL_MECHANISMS)
+        if mechanism is not None else None,
+        sasl_username=username.strip() if username is not None else None,
+        sasl_password=Secret(password) if password is not None else None,
+        ssl_ca_location=_readable_file("KAFKA_SSL_CA_LOCATION", ca) if ca is not None else None,
+        ssl_certificate_location=_readable_file("KAFKA_SSL_CERTIFICATE_LOCATION", cert)
+        if cert is not None else None,
+        ssl_key_location=_readable_file("KAFKA_SSL_KEY_LOCATION", key) if key is not None else None,
+        ssl_key_password=Secret(key_password) if key_password is not None else None,
+        ssl_endpoint_identification=identify is None or identify.strip().lower() == "https",
+    )
+
+
+def parse_properties(name: str, raw: str) -> tuple[tuple[str, Scalar], ...]:
+    """A JSON object of librdkafka properties with scalar values; its text is never echoed (it
+    may hold a secret)."""
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(name, f"not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError(name, "expected a JSON object of librdkafka properties")
+    for key, value in parsed.items():
+        if not key.strip() or not isinstance(value, str | int | float | bool):
+            raise ConfigError(name, f"property {key!r}: expected a string, number or boolean")
+    return tuple(sorted(parsed.items()))
+
+
 def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True) -> RelaySettings:
-    """Read KAFKA_BOOTSTRAP_SERVERS and OUTBOX_* from `environ`; defaults for what is unset."""
+    """Read KAFKA_* and OUTBOX_* from `environ`; defaults for what is unset."""
     env = Environment(environ)
     if need_kafka and env.raw(BOOTSTRAP_VAR) is None:
         raise ConfigError(BOOTSTRAP_VAR, "not set; expected host:port[,host:port...]")
-    settings = RelaySettings().with_overrides(**env.fields(VARIABLES))
+    raw_properties = env.raw(PROPERTIES_VAR)
+    settings = RelaySettings().with_overrides(
+        **env.fields(VARIABLES),
+        security=load_security(environ),
+        extra_properties=() if raw_properties is None
+        else parse_properties(PROPERTIES_VAR, raw_properties),
+    )
     validate(settings)
     return settings
 

@@ -7,6 +7,7 @@ an attempt counted, and undeliverable rows get an attempt counted, a retry delay
 parked after `max_attempts`. No transaction is open during any Kafka call.
 """
 
+import contextlib
 import functools
 import logging
 import random
@@ -130,6 +131,8 @@ class Relay:
         self.heartbeat = heartbeat  # beaten every loop iteration: /healthz of publish_outbox --loop
         self._producer: Producer | None = None
         self._fatal: KafkaError | None = None
+        self._refused: KafkaError | None = None  # the first refusal: the relay stops on it
+        self._errors = kafka.RepeatFilter()
         self._stop_seen_at: float | None = None
         self._relaxed: object | None = None
 
@@ -141,6 +144,8 @@ class Relay:
             if self._fatal is not None:
                 log_event(logger, logging.ERROR, "producer failed fatally, starting a new one",
                           relay_id=self.relay_id, error=kafka.describe(self._fatal))
+                if self._producer is not None:
+                    self._drop(self._producer)
             self._fatal = None
             self._producer = kafka.new_producer(self.settings, self.relay_id, self._on_error)
         return self._producer
@@ -148,8 +153,46 @@ class Relay:
     def _on_error(self, error: KafkaError) -> None:
         if error.fatal():
             self._fatal = error
-        log_event(logger, logging.WARNING, "kafka client error", relay_id=self.relay_id,
-                  error=kafka.describe(error))
+        if kafka.refused(error):
+            if self._refused is None:
+                self._refused = error
+                log_event(logger, logging.ERROR, "kafka refused the relay",
+                          relay_id=self.relay_id, error=kafka.describe(error))
+            return
+        if self._refused is not None and error.code() == KafkaError._ALL_BROKERS_DOWN:
+            return  # the refusal's consequence, already said
+        if self._errors.fresh(kafka.describe(error)):
+            log_event(logger, logging.WARNING, "kafka client error", relay_id=self.relay_id,
+                      error=kafka.describe(error))
+
+    def _poll(self, producer: Producer, timeout: float) -> bool:
+        """Serve callbacks; False if the producer failed fatally (poll raises that, for instance
+        an idempotent producer whose broker forgot it: UNKNOWN_PRODUCER_ID after a restart)."""
+        try:
+            producer.poll(timeout)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (isinstance(error, KafkaError) and error.fatal()):
+                raise
+            self._fatal = self._fatal or error
+            return False
+        return True
+
+    def _drop(self, producer: Producer) -> None:
+        """Purge a failed producer: its messages get their (failed) reports, nothing lingers."""
+        with contextlib.suppress(KafkaException):  # a failed producer may refuse; reports come
+            producer.purge(in_queue=True, in_flight=True, blocking=False)
+        self._poll(producer, 0)
+
+    def _check_refused(self) -> None:
+        """Raise KafkaRefusedError once the broker refused the credentials or the handshake."""
+        if self._refused is not None:
+            raise kafka.refusal(self._refused, self.settings)
+
+    def connect(self) -> None:
+        """Start the producer now (it connects at once), so a refusal shows before any event."""
+        self._poll(self.producer, 0)
+        self._check_refused()
 
     def _produce(self, producer: Producer, message: store.ClaimedMessage,
                  deliveries: dict[uuid.UUID, _Delivery]) -> None:
@@ -168,9 +211,14 @@ class Relay:
                 )
                 return
             except BufferError:
-                producer.poll(0.05)  # the local queue is full: let deliveries drain it
+                if not self._poll(producer, 0.05):  # the local queue is full: let it drain
+                    deliveries[message.id] = _Delivery(self._fatal)
+                    return
             except KafkaException as exc:
-                deliveries[message.id] = _Delivery(exc.args[0])
+                error = exc.args[0]
+                if isinstance(error, KafkaError) and error.fatal():
+                    self._fatal = self._fatal or error
+                deliveries[message.id] = _Delivery(error)
                 return
 
     def _await_batch(self, producer: Producer, batch: "_Batch") -> None:
@@ -184,17 +232,20 @@ class Relay:
                     self._stop_seen_at = now
                 deadline = min(deadline,
                                self._stop_seen_at + self.settings.shutdown_grace.total_seconds())
-            if now >= deadline:
+            # Refused, failed fatally, or already replaced: no report will come from it.
+            failed = (self._refused is not None or self._fatal is not None
+                      or producer is not self._producer)
+            if now >= deadline or failed:
                 # Whatever is still in flight is released, and delivered again later if need be.
-                producer.purge(in_queue=True, in_flight=True, blocking=False)
-                producer.poll(0)
+                self._drop(producer)
                 break
-            producer.poll(min(FLUSH_SLICE_S, deadline - now))
+            self._poll(producer, min(FLUSH_SLICE_S, deadline - now))
 
     # --- batches ---------------------------------------------------------------------------
 
     def _claim_and_produce(self) -> "_Batch | None":
         """Claim a batch (committed at once) and hand it to the producer; None if none."""
+        self._check_refused()
         if self._relaxed is None or self._relaxed is not connections[self.using].connection:
             # Once per database session: commits need no WAL flush wait (a lost claim or mark
             # after a database crash only means sending those rows again).
@@ -211,7 +262,7 @@ class Relay:
         batch = _Batch(claimed, {}, deadline, producer)
         for message in claimed:
             self._produce(producer, message, batch.deliveries)
-        producer.poll(0)
+        self._poll(producer, 0)
         return batch
 
     def _finish(self, batch: "_Batch") -> BatchOutcome:
@@ -233,7 +284,8 @@ class Relay:
         in_flight: deque[_Batch] = deque()
         claiming = True
         while True:
-            while claiming and len(in_flight) < PIPELINE_DEPTH and not self.stop.is_set():
+            while (claiming and len(in_flight) < PIPELINE_DEPTH and not self.stop.is_set()
+                   and self._refused is None):
                 batch = self._claim_and_produce()
                 if batch is None:
                     claiming = False
@@ -245,6 +297,8 @@ class Relay:
             total.merge(outcome)
             if outcome.broker_unavailable:
                 claiming = False
+            if self._refused is not None and not in_flight:
+                self._check_refused()  # every claimed row released first
 
     def _record(self, claimed: list[store.ClaimedMessage],
                 deliveries: dict[uuid.UUID, _Delivery]) -> BatchOutcome:
@@ -276,7 +330,7 @@ class Relay:
         for message_id in outcome.parked:
             log_event(logger, logging.ERROR, "message parked", relay_id=self.relay_id,
                       message_id=message_id, attempts=self.settings.max_attempts)
-        if unavailable:
+        if unavailable and self._refused is None:
             log_event(logger, logging.WARNING, "broker unavailable, messages released",
                       relay_id=self.relay_id, released=len(unavailable),
                       error=kafka.describe(first_unavailable) if first_unavailable else "no report")
@@ -333,9 +387,11 @@ class Relay:
                   poll_interval_s=self.settings.poll_interval.total_seconds())
         try:
             wakeup.listen()
+            self.connect()
             while not self.stop.is_set():
                 if self.heartbeat is not None:
                     self.heartbeat.beat()
+                self.connect()
                 try:
                     if time.monotonic() >= next_prune:
                         self.prune()
@@ -367,5 +423,8 @@ class Relay:
     def close(self) -> None:
         """Let the producer finish (nothing is in flight between batches) and drop it."""
         if self._producer is not None:
-            self._producer.flush(self.settings.shutdown_grace.total_seconds())
+            try:
+                self._producer.flush(self.settings.shutdown_grace.total_seconds())
+            except KafkaException:
+                self._drop(self._producer)  # failed fatally: nothing left to wait for
             self._producer = None

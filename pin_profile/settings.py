@@ -7,10 +7,11 @@ fails the command with a clear message instead of at import time. Development an
 tools are not installed here: pin_profile/settings_dev.py adds them.
 """
 
+import re
 import warnings
 from pathlib import Path
 
-from core.config import ConfigError, Environment, choice_parser, parse_non_negative_int
+from core.config import ConfigError, Environment, choice_parser, parse_flag, parse_non_negative_int
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -131,11 +132,41 @@ LOGGING = {
     "root": {"handlers": ["stderr"], "level": "WARNING"},
 }
 
-# Observability of the web (admin) process: django-prometheus counts requests and serves
-# /metrics (pin_profile/urls.py). The worker and the relay serve theirs on METRICS_ADDR.
+# Observability of the web (admin) process: django-prometheus counts requests; gunicorn's
+# worker serves /metrics on METRICS_ADDR (pin_profile/gunicorn_conf.py), never on the admin's
+# public port. The worker and the relay serve theirs on METRICS_ADDR too.
 INSTALLED_APPS += ["django_prometheus"]
 MIDDLEWARE = [
     "django_prometheus.middleware.PrometheusBeforeMiddleware",
     *MIDDLEWARE,
     "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
+
+# --- The admin as a production web process (issue 13, part 3) ------------------------------
+# Static files, the secret key, HTTPS and cookies of the admin under gunicorn
+# (pin_profile/gunicorn_conf.py). README "Deployment" lists the variables; the worker and the
+# relay sign nothing and serve no pages, so none of these matter to them.
+
+# The default of DJANGO_SECRET_KEY above: pin_profile/wsgi.py refuses it when DEBUG is off.
+DEV_SECRET_KEY = "dev-only-insecure-key-change-me"  # noqa: S105 - published on purpose
+
+# WhiteNoise serves the collected files (collectstatic, in the image) from the process itself.
+STATIC_ROOT = Path(env.str("DJANGO_STATIC_ROOT", default=str(STATIC_ROOT)))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
+                  "whitenoise.middleware.WhiteNoiseMiddleware")
+
+# HTTPS: set these where a TLS proxy fronts the admin (it passes X-Forwarded-Proto to gunicorn).
+SECURE_SSL_REDIRECT = env.parsed("DJANGO_SECURE_SSL_REDIRECT", parse_flag, False)
+SECURE_HSTS_SECONDS = env.parsed("DJANGO_SECURE_HSTS_SECONDS", parse_non_negative_int, 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.parsed("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", parse_flag, False)
+SECURE_HSTS_PRELOAD = env.parsed("DJANGO_SECURE_HSTS_PRELOAD", parse_flag, False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.parsed("DJANGO_SECURE_COOKIES", parse_flag, False)
+CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
+for _origin in CSRF_TRUSTED_ORIGINS:
+    if not re.fullmatch(r"https?://[^/\s?#]+", _origin):
+        raise ConfigError("DJANGO_CSRF_TRUSTED_ORIGINS",
+                          f"expected origins like https://admin.example.com, got {_origin!r}")

@@ -1,10 +1,12 @@
-"""URL configuration: the Django admin is the operator's window onto the ledger; /metrics
-is the web process's Prometheus endpoint (django-prometheus)."""
+"""URL configuration: the Django admin is the operator's window onto the ledger.
+
+The web process's Prometheus metrics are not here: gunicorn's worker serves them on
+METRICS_ADDR (pin_profile/gunicorn_conf.py), never on the admin's public port.
+"""
 
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import path
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("", include("django_prometheus.urls")),
 ]

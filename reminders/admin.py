@@ -164,16 +164,18 @@ class DocumentExpiryReminderAdmin(ReadOnlyAdmin):
 
 @admin.register(ReminderRun)
 class ReminderRunAdmin(ReadOnlyAdmin):
-    list_display = ("started_at", "status", "as_of", "finished_at", "duration_ms", "reminders_sent",
-                    "owners_notified", "markers_written", "skipped_already_marked", "pruned",
-                    "failed_owners", "host")
-    list_filter = ("status",)
+    list_display = ("started_at", "status", "trigger", "as_of", "finished_at", "duration_ms",
+                    "reminders_sent",
+                    "owners_notified", "markers_written", "markers_rearmed",
+                    "skipped_already_marked", "pruned", "failed_owners", "host")
+    list_filter = ("status", "trigger")
     ordering = ("-started_at",)
     search_fields = ("=run_id",)
     search_help_text = "Paste a run id (an exact UUID)."
-    fields = ("run_id", "status", "as_of", "started_at", "finished_at", "duration_ms", "thresholds",
-              "reminders_sent", "owners_notified", "markers_written", "skipped_already_marked",
-              "pruned", "failed_owners", "error", "host")
+    fields = ("run_id", "status", "trigger", "tick", "as_of", "started_at", "finished_at",
+              "duration_ms", "thresholds",
+              "reminders_sent", "owners_notified", "markers_written", "markers_rearmed",
+              "skipped_already_marked", "pruned", "failed_owners", "error", "host")
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any],
                            search_term: str) -> tuple[QuerySet[Any], bool]:

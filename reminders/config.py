@@ -20,6 +20,8 @@ from core.config import (
 DEFAULT_THRESHOLDS = (30, 7, 1, 0)
 # Past this many days a threshold or a retention is a typo, and dates would overflow.
 MAX_DAYS = 3_650
+# Liveness: a successful cycle within one polling interval and this much more (26 h at 24 h).
+LIVENESS_SLACK = timedelta(hours=2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,8 +33,22 @@ class ReminderSettings(Settings):
     polling_interval: timedelta = timedelta(hours=24)
     run_at_utc: time = time(3, 0)
     max_run_duration: timedelta = timedelta(minutes=10)
+    # the prune's own time after a cycle: a timed-out cycle still prunes, for this long
+    prune_budget: timedelta = timedelta(minutes=1)
     retention_days: int = 90
     run_history_days: int = 90
+
+    @property
+    def max_silence(self) -> timedelta:
+        """Longest time without a successful cycle before the worker counts as dead: the
+        polling interval plus LIVENESS_SLACK (26 h at the default 24 h)."""
+        return self.polling_interval + LIVENESS_SLACK
+
+    @property
+    def longest_cycle(self) -> timedelta:
+        """A cycle's time budget and then its prune's: how long one can take, give or take
+        the statement in flight."""
+        return self.max_run_duration + self.prune_budget
 
 
 def parse_thresholds(name: str, raw: str) -> tuple[int, ...]:
@@ -71,6 +87,7 @@ VARIABLES: dict[str, tuple[str, Parser[Any]]] = {
     "REMINDER_POLLING_INTERVAL": ("polling_interval", parse_duration),
     "REMINDER_RUN_AT_UTC": ("run_at_utc", parse_time_of_day),
     "REMINDER_MAX_RUN_DURATION": ("max_run_duration", parse_duration),
+    "REMINDER_PRUNE_BUDGET": ("prune_budget", parse_duration),
     "REMINDER_RETENTION_DAYS": ("retention_days", _retention_days),
     "REMINDER_RUN_HISTORY_DAYS": ("run_history_days", _history_days),
 }

@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connections, transaction
 
@@ -38,9 +38,16 @@ class ConnectionLostError(Exception):
     """The database connection was lost mid-cycle; the cycle ends as failed."""
 
 
+class OwnerBatch(NamedTuple):
+    """Whole owners, and how many due documents they have between them."""
+
+    owner_ids: list[uuid.UUID]
+    documents: int
+
+
 def owner_batches(
     rows: Callable[[int], Sequence[tuple[Any, ...]]], batch_size: int
-) -> Iterator[list[uuid.UUID]]:
+) -> Iterator[OwnerBatch]:
     """Group due-owner rows `(owner, first expiry, due documents)` into batches of about
     `batch_size` documents, never splitting an owner (one with more goes alone)."""
     batch: list[uuid.UUID] = []
@@ -48,12 +55,12 @@ def owner_batches(
     while chunk := rows(batch_size):
         for owner_id, _first_expiry, due in chunk:
             if batch and documents + int(due) > batch_size:
-                yield batch
+                yield OwnerBatch(batch, documents)
                 batch, documents = [], 0
             batch.append(owner_id)
             documents += int(due)
     if batch:
-        yield batch
+        yield OwnerBatch(batch, documents)
 
 
 class Cycle:
@@ -72,8 +79,10 @@ class Cycle:
         extra_headers: dict[str, str] | None = None,
         max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT,
         observer: CycleObserver | None = None,
+        tick: datetime | None = None,
     ) -> None:
         self.settings = settings
+        self.tick = tick  # the loop's tick this cycle runs for; None for a manual run
         self.max_documents_per_event = max_documents_per_event
         self.as_of = (as_of or datetime.now(UTC)).astimezone(UTC)
         self.as_of_date = rules.utc_date(self.as_of)
@@ -125,7 +134,7 @@ class Cycle:
             logger, logging.INFO, "cycle completed",
             run_id=result.run_id, status=result.status, dry_run=self.dry_run,
             reminders_sent=result.reminders_sent, owners_notified=result.owners_notified,
-            markers_written=result.markers_written,
+            markers_written=result.markers_written, markers_rearmed=result.markers_rearmed,
             skipped_already_marked=result.skipped_already_marked, pruned=result.pruned,
             failed_owners=result.failed_owners, duration_ms=result.duration_ms,
             reminders_by_threshold={str(k): v for k, v in sorted(result.reminders_by_threshold.items())},
@@ -138,10 +147,10 @@ class Cycle:
             # A killed process never records its end: close such runs once no cycle could
             # still be going (twice the budget, and at least an hour).
             store.close_abandoned_runs(
-                self.using, max(2 * self.settings.max_run_duration, ABANDONED_AFTER_MIN))
+                self.using, max(2 * self.settings.longest_cycle, ABANDONED_AFTER_MIN))
             store.start_run(
                 self.using, result.run_id, self.as_of, self.settings.thresholds,
-                socket.gethostname(),
+                socket.gethostname(), tick=self.tick,
             )
         with store.due_owners(
             self.using, self.window, self.settings.thresholds, self.as_of_date
@@ -150,16 +159,18 @@ class Cycle:
                 due.window_documents, due.due_documents)
             result.skipped_already_marked = result.window_documents - result.due_documents
             result.status = self._remind_due_owners(due)
-        if result.status == ReminderRun.Status.SUCCEEDED:
+        if result.status in (ReminderRun.Status.SUCCEEDED, ReminderRun.Status.TIMED_OUT):
+            # Timed out too: were every cycle to time out, the ledger would grow without bound.
+            # Stopped by a signal: the prune is left to the next cycle.
             result.pruned = self._prune()
-            if result.failed_owners:
+            if result.failed_owners and result.status == ReminderRun.Status.SUCCEEDED:
                 result.status = ReminderRun.Status.PARTIAL
 
     def _out_of_time(self) -> bool:
         return self.clock() >= self._deadline
 
     def _remind_due_owners(self, due: store.DueOwners) -> str:
-        for owner_ids in owner_batches(due.fetch, self.settings.batch_size):
+        for owner_ids, documents in owner_batches(due.fetch, self.settings.batch_size):
             if self.stop.is_set():
                 log_event(logger, logging.WARNING, "cycle stopping on signal",
                           run_id=self.result.run_id)
@@ -169,8 +180,8 @@ class Cycle:
                           run_id=self.result.run_id,
                           max_run_duration_s=self.settings.max_run_duration.total_seconds())
                 return ReminderRun.Status.TIMED_OUT
-            log_event(logger, logging.DEBUG, "batch selected", run_id=self.result.run_id,
-                      owners=len(owner_ids))
+            log_event(logger, logging.INFO, "batch selected", run_id=self.result.run_id,
+                      owners=len(owner_ids), documents=documents)
             with self.observer.batch(self, owner_ids):
                 self._remind_batch(owner_ids)
             if self.progress:
@@ -216,6 +227,7 @@ class Cycle:
         result.owners_processed += owners
         result.documents_processed += outcome.due_documents
         result.markers_written += outcome.markers_won
+        result.markers_rearmed += outcome.markers_rearmed
         result.owners_notified += outcome.events_written
         result.reminders_sent += len(outcome.notified)
         notified = sorted(outcome.notified, key=lambda q: (str(q.owner_user_id), q.days_left))
@@ -241,8 +253,10 @@ class Cycle:
         cutoff = rules.prune_cutoff(self.as_of_date, self.settings.retention_days)
         if self.dry_run:
             return store.count_expired_markers(self.using, cutoff)
+        # the rest of the cycle's budget, and at least a budget of its own
+        until = max(self._deadline, self.clock() + self.settings.prune_budget.total_seconds())
         return retention.prune_expired_markers(
-            self.using, cutoff, stop=self.stop, out_of_time=self._out_of_time
+            self.using, cutoff, stop=self.stop, out_of_time=lambda: self.clock() >= until
         )
 
     def _prune_run_history(self) -> None:

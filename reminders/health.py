@@ -1,8 +1,9 @@
 """Liveness of the worker (`/healthz`, `check_reminders_health`); readiness (`/readyz`, the
 database answers) is core.health's.
 
-Alive: a successful cycle within `max_silence` (26 h: a daily schedule plus slack), and no
-cycle running longer than its time budget plus a grace (a stuck loop).
+Alive: a successful cycle within `max_silence` (the polling interval plus 2 h:
+ReminderSettings.max_silence, 26 h at the default 24 h), and no cycle running longer than
+its time budget plus a grace (a stuck loop). Ready: the database answers.
 """
 
 import threading
@@ -11,9 +12,10 @@ from datetime import UTC, datetime, timedelta
 
 from core.health import Verdict
 from reminders import store
+from reminders.config import ReminderSettings
 from reminders.models import ReminderRun
 
-MAX_SILENCE = timedelta(hours=26)
+MAX_SILENCE = ReminderSettings().max_silence  # at the default polling interval
 # A batch can outlive the time budget by at most one statement (statement_timeout, 5 min).
 STUCK_GRACE = timedelta(minutes=10)
 

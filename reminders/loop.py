@@ -1,5 +1,6 @@
 """`--loop`: one cycle per tick, never overlapping, a missed tick at once, and a database
-outage survived with exponential backoff instead of a crash."""
+outage survived with exponential backoff instead of a crash. Ticks are on the worker's clock
+and each loop run records its tick (reminders.schedule)."""
 
 import logging
 import random
@@ -13,7 +14,7 @@ from core.db import DatabaseErrors, backoff_delay
 from core.logs import log_event
 from reminders import schedule, store
 from reminders.config import ReminderSettings
-from reminders.models import ReminderRun
+from reminders.models import SUCCESSFUL_STATUSES, ReminderRun
 from reminders.result import CycleResult
 
 logger = logging.getLogger("reminders.loop")
@@ -24,26 +25,33 @@ BACKOFF_CAP = timedelta(minutes=5)
 
 def run_loop(
     settings: ReminderSettings,
-    run_one: Callable[[], CycleResult],
+    run_one: Callable[..., CycleResult],
     *,
     stop: threading.Event,
     using: str = "default",
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     rng: random.Random | None = None,
 ) -> None:
-    """Run cycles on the schedule until `stop` is set."""
+    """Run cycles on the schedule until `stop` is set. `run_one(tick=...)` runs one cycle
+    recorded as the loop's run for that tick."""
     rng = rng or random.Random()  # noqa: S311 - jitter, not cryptography
     failures = 0
+    done: datetime | None = None  # the tick this process last ran to the end
     log_event(logger, logging.INFO, "loop started", run_at_utc=settings.run_at_utc.isoformat(),
               polling_interval_s=settings.polling_interval.total_seconds())
     while not stop.is_set():
         try:
-            last = store.last_successful_run_start(using)
             current = now()
-            if schedule.tick_missed(last, current, settings.run_at_utc, settings.polling_interval):
-                result = run_one()
+            tick = schedule.previous_tick(current, settings.run_at_utc, settings.polling_interval)
+            # Ticks recorded by any instance's loop runs, and this process's own (in case it
+            # could not record its last one): never the same tick twice in a row.
+            recorded = [t for t in (store.last_loop_tick(using), done) if t is not None]
+            if schedule.tick_missed(max(recorded, default=None), tick):
+                result = run_one(tick=tick)
                 if result.status == ReminderRun.Status.FAILED:
                     raise ConnectionError(result.error or "cycle failed")
+                if result.status in SUCCESSFUL_STATUSES:
+                    done = tick
                 failures = 0
                 continue
             failures = 0

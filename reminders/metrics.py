@@ -37,6 +37,11 @@ CYCLE_DURATION = Histogram(
     "Wall time of a reminder cycle.",
     buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900, 1800),
 )
+MARKERS_REARMED_TOTAL = Counter(
+    "profile_document_expiry_reminder_markers_rearmed_total",
+    "Markers replaced in place because the document's expiry date changed (renewed or "
+    "corrected): its thresholds are reminded again for the new date.",
+)
 ERRORS_TOTAL = Counter(
     "profile_document_expiry_reminder_errors_total",
     "Owners that failed in a cycle (retried next cycle), plus cycles that failed outright.",
@@ -65,6 +70,8 @@ def observe_cycle(result: CycleResult, *, finished_at: datetime | None = None) -
         return
     for threshold, count in result.reminders_by_threshold.items():
         REMINDERS_TOTAL.labels(threshold_days=str(threshold)).inc(count)
+    if result.markers_rearmed:
+        MARKERS_REARMED_TOTAL.inc(result.markers_rearmed)
     CYCLE_DURATION.observe(result.duration_ms / 1000)
     CYCLES_TOTAL.labels(status=str(result.status)).inc()
     errors = result.failed_owners + (1 if result.status == ReminderRun.Status.FAILED else 0)

@@ -34,7 +34,8 @@ class PersonDocument(models.Model):
 
 
 class DocumentExpiryReminder(models.Model):
-    """One row = for (document, threshold) the reminder is done (docs/design.md §2.2)."""
+    """One row = for (document, threshold) the reminder is done, for the expiry date it
+    carries (docs/design.md §2.2); a new expiry date re-arms it in place."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, db_default=RandomUUID(), editable=False)
     document_id = models.UUIDField()
@@ -74,6 +75,10 @@ class ReminderRun(models.Model):
         STOPPED = "stopped"  # stopped by SIGTERM/SIGINT between batches
         FAILED = "failed"  # aborted by an error (database lost, say)
 
+    class Trigger(models.TextChoices):
+        LOOP = "loop"  # a tick of `--loop`
+        MANUAL = "manual"  # a single run: the re-trigger, or a backfill with a past --as-of
+
     run_id = models.UUIDField(primary_key=True)
     as_of = models.DateTimeField()
     started_at = models.DateTimeField(db_default=Now())
@@ -83,12 +88,18 @@ class ReminderRun(models.Model):
     reminders_sent = models.IntegerField(default=0, db_default=0)
     owners_notified = models.IntegerField(default=0, db_default=0)
     markers_written = models.IntegerField(default=0, db_default=0)
+    # of markers_written: those that replaced a marker of an earlier expiry date (refinement 5)
+    markers_rearmed = models.IntegerField(default=0, db_default=0)
     skipped_already_marked = models.IntegerField(default=0, db_default=0)
     pruned = models.IntegerField(default=0, db_default=0)
     failed_owners = models.IntegerField(default=0, db_default=0)
     duration_ms = models.IntegerField(null=True)
     error = models.TextField(null=True)
     host = models.CharField(max_length=255, default="", db_default="")
+    trigger = models.CharField(max_length=16, choices=Trigger.choices, default=Trigger.MANUAL,
+                               db_default=Trigger.MANUAL)
+    # the loop's tick this run was for, on the worker's clock: the loop decides "missed" on it
+    tick = models.DateTimeField(null=True)
 
     class Meta:
         db_table = "document_expiry_reminder_runs"

@@ -187,6 +187,7 @@ class ObservedCycles:
         self.settings = settings
         self.stop = stop
         self.using = using
+        self.health = health
         health_observers = (HealthObserver(health),) if health else ()
         self.observer = Observers(*health_observers, TracingObserver(tracer),
                                   MetricsObserver(settings, gauges))
@@ -203,7 +204,7 @@ def observed_loop(
 ) -> Iterator[ObservedCycles]:
     """The cycles of `--loop`, with the operations server of METRICS_ADDR around them (if set):
     /metrics (reminder metrics, the backlog and the gauges other apps offer), /healthz, /readyz."""
-    health = LoopHealth(max_run_duration=settings.max_run_duration)
+    health = LoopHealth(max_run_duration=settings.longest_cycle, max_silence=settings.max_silence)
     server = ops_server_from_env(
         environ, Probes(liveness=health.liveness, readiness=lambda: database_ready(using))
     )

@@ -35,7 +35,7 @@ def plan_batch(
     """What `store.claim_batch` would claim for these owners, counted the same way."""
     documents = store.batch_documents(using, owner_ids, window)
     due = [(doc, decision) for doc in documents if (decision := rules.decide(
-        doc.expires_on, as_of_date, thresholds, doc.marked)) is not None]
+        doc.expires_on, as_of_date, thresholds, doc.markers)) is not None]
     kept = most_urgent_per_owner(due, max_documents_per_event)
     notified = [
         store.NotifiedItem(doc.owner_user_id, doc.id, doc.type, decision.notify,
@@ -44,6 +44,7 @@ def plan_batch(
     ]
     return store.BatchClaim(
         markers_won=sum(len(decision.markers) for _, decision in kept),
+        markers_rearmed=sum(len(decision.rearmed) for _, decision in kept),
         due_documents=len(kept),
         events_written=len({item.owner_user_id for item in notified}),
         notified=notified,

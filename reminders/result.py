@@ -28,6 +28,7 @@ class CycleResult:
     reminders_sent: int = 0
     owners_notified: int = 0
     markers_written: int = 0
+    markers_rearmed: int = 0
     skipped_already_marked: int = 0
     pruned: int = 0
     failed_owners: int = 0
@@ -43,6 +44,7 @@ class CycleResult:
             "reminders_sent": self.reminders_sent,
             "owners_notified": self.owners_notified,
             "markers_written": self.markers_written,
+            "markers_rearmed": self.markers_rearmed,
             "skipped_already_marked": self.skipped_already_marked,
             "pruned": self.pruned,
             "failed_owners": self.failed_owners,

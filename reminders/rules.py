@@ -5,7 +5,7 @@ They are the reference. For speed the cycle runs them in SQL, inside the claim s
 holds the SQL to these functions on every case. --dry-run runs them here.
 """
 
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 
@@ -30,11 +30,13 @@ class Window:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """What to do with one due document: mark `markers`; notify `notify` unless it is None."""
+    """What to do with one due document: mark `markers` (of which `rearmed` replace a marker
+    of an earlier expiry date); notify `notify` unless it is None."""
 
     markers: tuple[int, ...]
     notify: int | None
     days_left: int
+    rearmed: tuple[int, ...] = ()
 
 
 def utc_date(instant: datetime) -> date:
@@ -74,15 +76,24 @@ def remaining_thresholds(
     return crossed_thresholds(left, thresholds) - frozenset(marked)
 
 
+def current_markers(markers: Mapping[int, date], expires_on: date) -> frozenset[int]:
+    """The thresholds whose marker was written for the document's current expiry date: a
+    marker of an earlier date (renewed or corrected) counts for nothing (refinement 5)."""
+    return frozenset(t for t, marked_for in markers.items() if marked_for == expires_on)
+
+
 def decide(
-    expires_on: date, as_of_date: date, thresholds: Iterable[int], marked: Collection[int]
+    expires_on: date, as_of_date: date, thresholds: Iterable[int], markers: Mapping[int, date]
 ) -> Decision | None:
-    """None when nothing remains (already marked); else mark every remaining threshold and
-    notify only t* = min(remaining), unless a more urgent threshold than t* is marked (stale)."""
+    """`markers`: threshold -> the expiry date its marker was written for. None when nothing
+    remains (already marked for this date); else mark every remaining threshold and notify
+    only t* = min(remaining), unless a more urgent threshold than t* is marked (stale)."""
     left = days_left(expires_on, as_of_date)
+    marked = current_markers(markers, expires_on)
     remaining = remaining_thresholds(left, thresholds, marked)
     if not remaining:
         return None
     t_star = min(remaining)
     stale = any(m < t_star for m in marked)
-    return Decision(markers=tuple(sorted(remaining)), notify=None if stale else t_star, days_left=left)
+    return Decision(markers=tuple(sorted(remaining)), notify=None if stale else t_star,
+                    days_left=left, rearmed=tuple(sorted(remaining & markers.keys())))

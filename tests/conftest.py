@@ -6,7 +6,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from datetime import datetime
+from datetime import UTC, datetime, time, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -102,8 +102,55 @@ def new_uuid() -> uuid.UUID:
 
 __all__ = ["CycleRunner", "command_env", "insert_documents", "manage_py", "new_uuid"]
 
-# The relay's fixtures (a mock Kafka cluster per test).
-pytest_plugins = ["tests.support.relay_support"]
+# --- the clock under test (issue 10) ------------------------------------------------------
+
+CLOCK_AT = "TEST_CLOCK_AT"
+DATABASE_CLOCK_TOLERANCE = timedelta(minutes=1)
+
+
+def clock_target(spec: str, real_now: datetime) -> datetime:
+    """TEST_CLOCK_AT's instant: an ISO instant in UTC, or a UTC time of day meaning its latest
+    occurrence at or before `real_now`."""
+    if len(spec) <= len("HH:MM:SS.ffffff") and "T" not in spec:
+        at = datetime.combine(real_now.date(), time.fromisoformat(spec), tzinfo=UTC)
+        return at if at <= real_now else at - timedelta(days=1)
+    instant = datetime.fromisoformat(spec)
+    if instant.tzinfo is None:
+        raise ValueError(f"{CLOCK_AT}={spec!r}: give the instant in UTC (a Z suffix)")
+    return instant.astimezone(UTC)
+
+
+@pytest.fixture(autouse=True)
+def _clock_at(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Under scripts/test-clock.sh: start each `real_clock` test with the clock of this test
+    process and of every process it starts (libfaketime, offset in FAKETIME) at TEST_CLOCK_AT."""
+    spec = os.environ.get(CLOCK_AT)
+    marker = request.node.get_closest_marker("real_clock")
+    if not spec or marker is None:
+        yield
+        return
+    if "faketime" not in os.environ.get("LD_PRELOAD", "") or "FAKETIME" not in os.environ:
+        pytest.fail(f"{CLOCK_AT} needs libfaketime preloaded with FAKETIME set: "
+                    "run scripts/test-clock.sh")
+    before = os.environ["FAKETIME"]
+    real_now = datetime.now(UTC) - timedelta(seconds=float(before))
+    target = clock_target(spec, real_now)
+    if marker.kwargs.get("needs_database_clock") and target - real_now > DATABASE_CLOCK_TOLERANCE:
+        # PostgreSQL keeps the real clock, and the worker ahead of it runs back-to-back
+        # cycles and prunes its own run history (measured): not run, so as not to wait that out.
+        request.applymarker(pytest.mark.xfail(run=False, reason=(
+            "issue 12 (one clock): the worker's clock ahead of the database's now()")))
+    # A relative offset, re-read on every call (FAKETIME_NO_CACHE): one clock for all processes.
+    os.environ["FAKETIME"] = f"{(target - real_now).total_seconds():+.3f}"
+    assert abs(datetime.now(UTC) - target) < timedelta(seconds=5), "libfaketime is not in effect"
+    try:
+        yield
+    finally:
+        os.environ["FAKETIME"] = before
+
+
+# The relay's fixtures: a mock Kafka cluster, or a Tansu broker process, per test.
+pytest_plugins = ["tests.support.relay_support", "tests.support.tansu_support"]
 
 
 # --- chaos scenarios (issue 7): what each one tried, in the session summary ---------------

@@ -23,10 +23,11 @@ with docs as (
 ),
 marks as materialized (
     -- Read once, before any insert: a per-row probe could meet the statement's own new rows.
+    -- Only markers of the document's current expiry date count (refinement 5).
     select r.document_id, array_agg(r.threshold_days) as marked,
            min(r.threshold_days) as min_marked
     from document_expiry_reminders r
-    where r.document_id in (select id from docs)
+    join docs on docs.id = r.document_id and r.expires_at = docs.expires_on
     group by r.document_id
 ),
 remaining as (
@@ -50,7 +51,12 @@ claimed as (
            %(run_id)s::uuid
     from remaining r
     order by r.id, r.threshold_days
-    on conflict (document_id, threshold_days) do nothing
+    -- a marker of another expiry date is re-armed in place, one of the same date never
+    on conflict (document_id, threshold_days) do update
+        set owner_user_id = excluded.owner_user_id, type = excluded.type,
+            expires_at = excluded.expires_at, reminded_at = excluded.reminded_at,
+            notified = excluded.notified, run_id = excluded.run_id
+        where document_expiry_reminders.expires_at is distinct from excluded.expires_at
     returning document_id, owner_user_id, threshold_days, notified
 ),
 items as (
@@ -96,6 +102,22 @@ select (select count(*) from claimed) as markers, (select count(*) from written)
 
 -- reset_cycle_output: empty the ledger, the outbox and the run history (between floor and worker)
 truncate document_expiry_reminders, outbox_messages, document_expiry_reminder_runs;
+
+-- seed_renewed_markers: markers of an earlier expiry date (30 days before the current one) for every threshold of about 1 window document in 20, as a renewal leaves them: the cold cycle re-arms those its thresholds reach
+insert into document_expiry_reminders
+    (id, document_id, owner_user_id, type, threshold_days, expires_at, reminded_at, notified, run_id)
+select gen_random_uuid(), d.id, d.owner_user_id, d.type, t.threshold_days,
+       (d.expires_at at time zone 'UTC')::date - 30, now(), t.threshold_days = 0,
+       '00000000-0000-4000-8000-000000000000'::uuid
+from person_documents d
+cross join unnest(%(thresholds)s::int[]) as t(threshold_days)
+where d.status = 'Active'
+  and d.deleted_at is null
+  and d.expires_at is not null
+  -- the earlier date stays inside the retention: no prune tells the worker from the floor
+  and d.expires_at >= %(window_start)s + interval '30 days'
+  and d.expires_at < %(window_end)s
+  and get_byte(uuid_send(d.id), 15) < 13;
 
 -- save_floor: keep the floor's markers and events, without ids and times, for the comparison
 drop table if exists public.bench_floor_markers, public.bench_floor_events;

@@ -9,6 +9,9 @@ begin
     if not exists (select from pg_roles where rolname = 'pin_outbox_relay') then
         create role pin_outbox_relay login;
     end if;
+    if not exists (select from pg_roles where rolname = 'pin_admin_web') then
+        create role pin_admin_web login;
+    end if;
 end
 $$;
 
@@ -19,6 +22,10 @@ revoke all on profile.person_documents from pin_reminder_worker;
 grant select (id, owner_user_id, person_id, type, number_mask, expires_at, status, deleted_at)
     on profile.person_documents to pin_reminder_worker;
 grant select, insert, delete on profile.document_expiry_reminders to pin_reminder_worker;
+-- A renewed document's markers are re-armed in place (on conflict do update): the columns a
+-- claim rewrites, never the key (document_id, threshold_days) or the id.
+grant update (owner_user_id, type, expires_at, reminded_at, notified, run_id)
+    on profile.document_expiry_reminders to pin_reminder_worker;
 grant select, insert, update, delete on profile.document_expiry_reminder_runs to pin_reminder_worker;
 grant insert on profile.outbox_messages to pin_reminder_worker;
 
@@ -29,3 +36,20 @@ grant select, update, delete on profile.outbox_messages to pin_outbox_relay;
 -- Observability: the worker's metrics server reports the outbox backlog (so it stays visible
 -- while the relay is down), reading only the bookkeeping timestamps, never payload or headers.
 grant select (created_at, published_at, parked_at) on profile.outbox_messages to pin_reminder_worker;
+
+-- The admin web process (gunicorn): reads the ledger, the run history and the outbox; of
+-- person_documents only what the overview's backlog census filters on (never payload_cipher,
+-- never a write); updates only the outbox columns that re-queue sets (outbox/sql/queries.sql,
+-- requeue_parked); and keeps Django's own users, groups, sessions and admin log.
+grant usage on schema profile to pin_admin_web;
+grant select on profile.document_expiry_reminders, profile.document_expiry_reminder_runs,
+    profile.outbox_messages to pin_admin_web;
+grant update (parked_at, attempts, available_at, claimed_by) on profile.outbox_messages
+    to pin_admin_web;
+revoke all on profile.person_documents from pin_admin_web;
+grant select (id, status, deleted_at, expires_at) on profile.person_documents to pin_admin_web;
+grant select, insert, update, delete on profile.auth_user, profile.auth_group,
+    profile.auth_user_groups, profile.auth_user_user_permissions, profile.auth_group_permissions,
+    profile.django_session to pin_admin_web;
+grant select, insert, delete on profile.django_admin_log to pin_admin_web;
+grant select on profile.django_content_type, profile.auth_permission to pin_admin_web;

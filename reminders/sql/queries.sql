@@ -2,6 +2,8 @@
 -- Blocks start with `-- name: description`. Parameters are psycopg's %(name)s.
 -- Ranges on person_documents.expires_at compare with UTC-midnight instants (never a cast of
 -- the column), so the partial index ix_person_documents_expires_at serves them.
+-- A marker counts only when its expires_at is the document's current UTC expiry date (a
+-- renewed or corrected document is re-armed): every query that reads markers says so.
 
 -- tune_session: JIT would compile the due-owners scan for about as long as it runs; nothing the worker runs gains from it
 set jit = off;
@@ -14,7 +16,8 @@ select count(*) as window_documents,
            where (d.expires_at at time zone 'UTC')::date - %(as_of_date)s::date <= t.threshold_days
              and not exists (
                  select 1 from document_expiry_reminders r
-                 where r.document_id = d.id and r.threshold_days = t.threshold_days)
+                 where r.document_id = d.id and r.threshold_days = t.threshold_days
+               and r.expires_at = (d.expires_at at time zone 'UTC')::date)
        )) as due_documents
 from person_documents d
 where d.status = 'Active'
@@ -40,6 +43,7 @@ with window_documents as materialized (
       on r.document_id = d.id
      and r.threshold_days = any(%(thresholds)s::int[])
      and r.threshold_days >= (d.expires_at at time zone 'UTC')::date - %(as_of_date)s::date
+     and r.expires_at = (d.expires_at at time zone 'UTC')::date
     where d.status = 'Active'
       and d.deleted_at is null
       and d.expires_at is not null
@@ -61,17 +65,21 @@ select owner_user_id, first_due_expiry, due_documents,
 from owners
 order by due_documents = 0, first_due_expiry, owner_user_id;
 
--- batch_documents: the window documents of a batch of owners, with the thresholds already marked (for --dry-run)
+-- batch_documents: the window documents of a batch of owners, with their markers' thresholds and the expiry dates they were written for (for --dry-run)
 select d.id,
        d.owner_user_id,
        d.type,
        d.number_mask,
        (d.expires_at at time zone 'UTC')::date as expires_on,
-       coalesce(
-           (select array_agg(r.threshold_days) from document_expiry_reminders r
-            where r.document_id = d.id),
-           '{}'::int[]) as marked
+       coalesce(m.thresholds, '{}'::int[]) as marked_thresholds,
+       coalesce(m.expiry_dates, '{}'::date[]) as marked_for
 from person_documents d
+left join lateral (
+    select array_agg(r.threshold_days order by r.threshold_days) as thresholds,
+           array_agg(r.expires_at order by r.threshold_days) as expiry_dates
+    from document_expiry_reminders r
+    where r.document_id = d.id
+) m on true
 where d.owner_user_id = any(%(owner_ids)s::uuid[])
   and d.status = 'Active'
   and d.deleted_at is null
@@ -82,14 +90,22 @@ order by d.owner_user_id, d.id;
 
 -- claim_batch: for a batch of owners, in one statement: their window documents and markers, the rules (as reminders.rules.decide), the markers (insert-wins, in document/threshold order), one outbox row per owner whose t* this statement won, and the notified items for the log
 with docs as materialized (
-    -- marked: one index probe a document. (A join to the ledger gets planned as a scan of
-    -- the whole ledger once it is large, for every batch.) All probes run before the insert
-    -- below, whose sort reads every planned row first.
-    select d.id, d.owner_user_id, d.type, d.number_mask,
-           (d.expires_at at time zone 'UTC')::date as expires_on,
-           coalesce((select array_agg(r.threshold_days) from document_expiry_reminders r
-                     where r.document_id = d.id), '{}'::int[]) as marked
+    -- marked: the thresholds marked for the current expiry date; stale: those marked for
+    -- another date (renewed or corrected), which count for nothing and are re-armed in place.
+    -- One index probe a document. (A join to the ledger gets planned as a scan of the whole
+    -- ledger once it is large, for every batch.) All probes run before the insert below,
+    -- whose sort reads every planned row first.
+    select d.id, d.owner_user_id, d.type, d.number_mask, e.expires_on,
+           coalesce(m.marked, '{}'::int[]) as marked,
+           coalesce(m.stale, '{}'::int[]) as stale
     from person_documents d
+    cross join lateral (select (d.expires_at at time zone 'UTC')::date as expires_on) e
+    left join lateral (
+        select array_agg(r.threshold_days) filter (where r.expires_at = e.expires_on) as marked,
+               array_agg(r.threshold_days) filter (where r.expires_at <> e.expires_on) as stale
+        from document_expiry_reminders r
+        where r.document_id = d.id
+    ) m on true
     where d.owner_user_id = any(%(owner_ids)s::uuid[])
       and d.status = 'Active'
       and d.deleted_at is null
@@ -98,9 +114,9 @@ with docs as materialized (
       and d.expires_at < %(window_end)s
 ),
 remaining as (
-    -- crossed thresholds (days_left <= t) that have no marker
+    -- crossed thresholds (days_left <= t) that have no marker for the current expiry date
     select docs.id, docs.owner_user_id, docs.type, docs.expires_on, t.threshold_days,
-           docs.marked
+           docs.marked, t.threshold_days = any(docs.stale) as rearm
     from docs
     cross join unnest(%(thresholds)s::int[]) as t(threshold_days)
     where docs.expires_on - %(as_of_date)s::date <= t.threshold_days
@@ -118,7 +134,7 @@ capped as (
 ),
 planned as (
     -- mark every remaining threshold; notify t* = min(remaining) unless a smaller one is marked (stale)
-    select r.id, r.owner_user_id, r.type, r.expires_on, r.threshold_days,
+    select r.id, r.owner_user_id, r.type, r.expires_on, r.threshold_days, r.rearm,
            r.threshold_days = min(r.threshold_days) over (partition by r.id)
            and not (r.threshold_days > any(r.marked)) as notified
     from remaining r
@@ -136,7 +152,17 @@ claimed as (
            p.expires_on, now(), p.notified, %(run_id)s::uuid
     from planned p
     order by p.id, p.threshold_days
-    on conflict (document_id, threshold_days) do nothing
+    -- A marker of another expiry date is replaced in place, so exactly one instance wins it
+    -- (the others wait on its row lock, then see the new date and return nothing); a marker
+    -- of the same date is never rewritten.
+    on conflict (document_id, threshold_days) do update
+        set owner_user_id = excluded.owner_user_id,
+            type = excluded.type,
+            expires_at = excluded.expires_at,
+            reminded_at = excluded.reminded_at,
+            notified = excluded.notified,
+            run_id = excluded.run_id
+        where document_expiry_reminders.expires_at is distinct from excluded.expires_at
     returning document_id, owner_user_id, type, threshold_days, expires_at, notified
 ),
 items as (
@@ -187,10 +213,14 @@ totals as (
     -- `written` runs to completion although nothing reads it (the worker may not read the outbox).
     select (select count(*) from claimed) as markers_won,
            (select count(distinct id) from planned) as due_documents,
-           (select count(*) from events) as events_written
+           (select count(*) from events) as events_written,
+           -- won markers that replaced one of another date (as read by this statement)
+           (select count(*) from claimed c
+            join planned p on p.id = c.document_id and p.threshold_days = c.threshold_days
+            where p.rearm) as markers_rearmed
 )
 -- one row per notified item (owner, document, type, threshold, days left), or one row of nulls
-select t.markers_won, t.due_documents, t.events_written,
+select t.markers_won, t.due_documents, t.events_written, t.markers_rearmed,
        i.owner_user_id, i.document_id, i.type, i.threshold_days, i.days_left
 from totals t
 left join items i on true
@@ -202,7 +232,9 @@ where id in (
     select id from document_expiry_reminders
     where expires_at < %(cutoff)s::date
     limit %(chunk)s
-);
+)
+  -- checked again on the row itself: a stale marker that a claim re-armed meanwhile stays
+  and expires_at < %(cutoff)s::date;
 
 -- count_expired_markers: what prune_expired_markers would delete (for --dry-run)
 select count(*) from document_expiry_reminders where expires_at < %(cutoff)s::date;
@@ -214,10 +246,10 @@ set status = 'failed',
 where status = 'running'
   and started_at < now() - %(older_than)s::interval;
 
--- start_run: record a cycle as running
+-- start_run: record a cycle as running, with its trigger (loop or manual) and the loop's tick it runs for
 insert into document_expiry_reminder_runs
-    (run_id, as_of, started_at, status, thresholds, host)
-values (%(run_id)s, %(as_of)s, now(), 'running', %(thresholds)s, %(host)s);
+    (run_id, as_of, started_at, status, thresholds, host, trigger, tick)
+values (%(run_id)s, %(as_of)s, now(), 'running', %(thresholds)s, %(host)s, %(trigger)s, %(tick)s);
 
 -- finish_run: record how a cycle ended, with its counters
 update document_expiry_reminder_runs
@@ -226,6 +258,7 @@ set finished_at = now(),
     reminders_sent = %(reminders_sent)s,
     owners_notified = %(owners_notified)s,
     markers_written = %(markers_written)s,
+    markers_rearmed = %(markers_rearmed)s,
     skipped_already_marked = %(skipped_already_marked)s,
     pruned = %(pruned)s,
     failed_owners = %(failed_owners)s,
@@ -233,9 +266,10 @@ set finished_at = now(),
     error = %(error)s
 where run_id = %(run_id)s;
 
--- last_successful_run_start: when the latest cycle that completed its work started
-select max(started_at) from document_expiry_reminder_runs
-where status = any(%(successful)s::text[]);
+-- last_loop_tick: the latest tick a loop run completed its work for (the tick is on the worker's clock; manual runs and backfills do not count)
+select max(tick) from document_expiry_reminder_runs
+where trigger = 'loop'
+  and status = any(%(successful)s::text[]);
 
 -- prune_run_history: delete one bounded chunk of runs that started before the cutoff (a run that old is over, even if a crash left it `running`)
 delete from document_expiry_reminder_runs

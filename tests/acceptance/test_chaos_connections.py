@@ -3,14 +3,14 @@ the middle of a cycle. A single run reports the failure and exits 1, and the nex
 completes; in --loop mode the worker reconnects with backoff and carries on."""
 
 import signal
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 
 import psycopg
 import pytest
 
 from reminders.config import DEFAULT_THRESHOLDS
-from tests.conftest import test_database_url
+from tests.conftest import CycleRunner, test_database_url
 from tests.support import chaos_report
 from tests.support.chaos import (
     Worker,
@@ -23,8 +23,17 @@ from tests.support.chaos import (
     wait_until,
 )
 from tests.support.factories import Documents
-from tests.support.invariants import check_invariants, check_owner_atomicity, check_structure, documents_md5
-from tests.support.ledger import day
+from tests.support.invariants import (
+    check_invariants,
+    check_matches_model,
+    check_matches_recorded_runs,
+    check_owner_atomicity,
+    check_structure,
+    documents_md5,
+    snapshot,
+    tally,
+)
+from tests.support.ledger import AS_OF, day, expiring_in
 from tests.support.reference import ReferenceLedger, documents_from_database
 
 DOCUMENTS = 6_000
@@ -75,13 +84,14 @@ def test_sessions_terminated_mid_cycle_fail_the_run_and_the_next_run_completes(
     counts = check_owner_atomicity(ReferenceLedger(), done, docs)
     assert 0 < counts.get("done", 0) < len(done.events)
 
-    code, out, _ = run_next(as_of)
-    assert code == 0, out
-    check_invariants(documents_before=before, model=done)
+    next_code, out, _ = run_next(as_of)
+    assert next_code == 0, out
+    snap = snapshot()
     chaos_report.record(
-        "lost connections (single run)", documents=loaded, runs=2, sessions_terminated=2,
+        "lost connections (single run)", documents=loaded, runs=2, sessions_terminated=len(ended),
         owners_failed_reported=failed_owners, owners_done_before_loss=counts.get("done", 0),
-        owners_total=len(done.events), exit_codes=[1, 0], lost=0, duplicated=0)
+        owners_total=len(done.events), exit_codes=[code, next_code], **tally(snap, done))
+    check_invariants(documents_before=before, model=done, snap=snap)
 
 
 def run_next(as_of: datetime) -> tuple[int, str, Worker]:
@@ -91,20 +101,26 @@ def run_next(as_of: datetime) -> tuple[int, str, Worker]:
 
 
 @pytest.mark.slow
+@pytest.mark.real_clock(needs_database_clock=True)
 def test_loop_reconnects_with_backoff_after_its_sessions_are_terminated(
     documents: Documents,
 ) -> None:
-    now = datetime.now(UTC)
+    now = datetime.now(UTC)  # --loop runs as of the real clock
     loaded = load_spread_documents(DOCUMENTS, around=now, seed=12)
     before = documents_md5()
     docs = documents_from_database()
 
     worker = Worker.start("--loop", REMINDER_BATCH_SIZE="5", LOG_LEVEL="INFO")
-    wait_until(lambda: outbox_count() >= 20, timeout=60, what="the first cycle's events")
-    ended = terminate_worker_sessions()
-    worker.wait_logged("sleeping until next tick", timeout=120)
-    worker.proc.send_signal(signal.SIGTERM)
-    code, _ = worker.finish()
+    try:
+        wait_until(lambda: outbox_count() >= 20, timeout=60, what="the first cycle's events")
+        ended = terminate_worker_sessions()
+        worker.wait_logged("sleeping until next tick", timeout=120)
+        worker.proc.send_signal(signal.SIGTERM)
+        code, _ = worker.finish()
+    finally:
+        if worker.proc.poll() is None:  # a failed wait leaves no loop sleeping until 03:00
+            worker.proc.kill()
+            worker.finish()
 
     assert code == 0, worker.lines[-5:]
     retries = worker.logged("database unavailable, retrying")
@@ -112,12 +128,38 @@ def test_loop_reconnects_with_backoff_after_its_sessions_are_terminated(
     statuses = [e["status"] for e in worker.logged("cycle completed")]
     assert statuses[0] == "failed" and statuses[-1] == "succeeded", statuses
     assert worker.logged("loop stopped")
-    model = ReferenceLedger()
-    [last_as_of] = [scalar("select max(as_of) from document_expiry_reminder_runs"
-                           " where status = 'succeeded'")]
-    model.run(docs, last_as_of, DEFAULT_THRESHOLDS)
-    check_invariants(documents_before=before, model=model)
+    check_invariants(documents_before=before)
+    # The model replays every recorded run's day: a UTC midnight may fall before the retry.
+    histories = check_matches_recorded_runs(docs, DEFAULT_THRESHOLDS)
     chaos_report.record(
-        "lost connections (--loop)", documents=loaded, cycles=len(statuses),
+        "lost connections (--loop)", documents=loaded, cycles=len(statuses), histories=histories,
         sessions_terminated=ended, retries=len(retries),
-        retry_in_s=[r["retry_in_s"] for r in retries], statuses=statuses, lost=0, duplicated=0)
+        retry_in_s=[r["retry_in_s"] for r in retries], statuses=statuses,
+        **tally(snapshot()))
+
+
+def test_a_retry_after_utc_midnight_matches_a_history_of_the_recorded_runs(
+    run: CycleRunner, documents: Documents,
+) -> None:
+    """What the --loop scenarios above check with: a cycle stopped after some owners, and its
+    retry on the next UTC day, as a loop on the real clock may run them."""
+    for days_left in (2, 3, 4, 5, 6):
+        documents(expires_at=expiring_in(days_left))
+    fake_clock = [0.0]
+
+    def tick(_done: int, _total: int) -> None:
+        fake_clock[0] += 10.0  # each batch "takes" ten seconds: the budget stops the cycle
+
+    first = run(AS_OF, batch_size=1, max_run_duration=timedelta(seconds=25),
+                clock=lambda: fake_clock[0], progress=tick)
+    retry = run(day(1))
+    docs = documents_from_database()
+
+    assert (first.status, first.owners_notified, retry.status) == ("timed_out", 3, "succeeded")
+    assert check_matches_recorded_runs(docs, DEFAULT_THRESHOLDS) == 2
+    for days in ([day(1)], [AS_OF, day(1)]):  # one as-of only, or every day for every owner
+        model = ReferenceLedger()
+        for as_of in days:
+            model.run(docs, as_of, DEFAULT_THRESHOLDS)
+        with pytest.raises(AssertionError, match=r"invariant \(d\)"):
+            check_matches_model(model)

@@ -1,12 +1,15 @@
 """The whole path under stress: 4 workers racing while 2 relays publish, the broker going down
-in the middle of it, a relay stopped with SIGTERM mid-relaying and replaced. Every event
-reaches the topic (at least once, same message id on a redelivery), in order per owner, and
-the database invariants hold. The relay runs under its least-privilege role."""
+in the middle of it, a relay stopped with SIGTERM while its batch is claimed (produced, not yet
+marked) and replaced. Both relays publish; every event reaches the topic (at least once, same
+message id on a redelivery), in order per owner, and the database invariants hold. The relay
+runs under its least-privilege role."""
 
 import json
 import signal
 import subprocess
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -21,29 +24,42 @@ from tests.conftest import command_env, manage_py, test_database_url
 from tests.support import chaos_report
 from tests.support.chaos import Worker, iso, load_spread_documents, outbox_count, scalar, wait_until
 from tests.support.factories import Documents
-from tests.support.invariants import check_invariants, documents_md5
+from tests.support.invariants import check_invariants, documents_md5, snapshot, tally
 from tests.support.ledger import day
 from tests.support.reference import ReferenceLedger, documents_from_database
-from tests.support.relay_support import first_seen_order
+from tests.support.relay_support import first_seen_order, marking_held
 
 WORKERS = 4
 RELAYS = 2
 DOCUMENTS = 5_000
 
 
-def start_relay(bootstrap: str) -> subprocess.Popen[str]:
+def start_relay(bootstrap: str, log: Path) -> subprocess.Popen[str]:
+    """A relay (`publish_outbox --loop`) whose JSON log lines go to `log`."""
     env = {k: v for k, v in command_env(RELAY_ROLE).items() if not k.startswith("OUTBOX_")}
     env.update(KAFKA_BOOTSTRAP_SERVERS=bootstrap, OUTBOX_DELIVERY_TIMEOUT="2s",
                OUTBOX_CLAIM_TTL="3s", OUTBOX_POLL_INTERVAL="200ms",
                OUTBOX_BACKOFF_INITIAL="100ms", OUTBOX_BACKOFF_MAX="500ms",
                OUTBOX_SHUTDOWN_GRACE="2s", OUTBOX_BATCH_SIZE="50")
-    return subprocess.Popen([*manage_py(), "publish_outbox", "--loop"], env=env, text=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with log.open("w") as stderr:
+        return subprocess.Popen([*manage_py(), "publish_outbox", "--loop"], env=env, text=True,
+                                stdout=subprocess.DEVNULL, stderr=stderr)
 
 
 def stop(relay: subprocess.Popen[str]) -> int:
     relay.send_signal(signal.SIGTERM)
     return relay.wait(timeout=60)
+
+
+def logged(log: Path, event: str) -> list[dict[str, Any]]:
+    """A relay's log lines of `event`."""
+    lines = [json.loads(line) for line in log.read_text().splitlines() if line.startswith("{")]
+    return [line for line in lines if line.get("event") == event]
+
+
+def relay_id(log: Path) -> str:
+    wait_until(lambda: bool(logged(log, "relay started")), timeout=60, what="the relay to start")
+    return str(logged(log, "relay started")[0]["relay_id"])
 
 
 def unpublished() -> int:
@@ -52,6 +68,17 @@ def unpublished() -> int:
 
 def published() -> int:
     return int(scalar("select count(*) from outbox_messages where published_at is not null"))
+
+
+def claimed_by(relay: str) -> int:
+    return int(scalar("select count(*) from outbox_messages where claimed_by = %s"
+                      " and published_at is null", (relay,)))
+
+
+def relays_waiting_on_their_mark() -> int:
+    return int(scalar("select count(*) from pg_stat_activity where usename = %s and datname = %s"
+                      " and wait_event_type = 'Lock' and wait_event = 'advisory'",
+                      (RELAY_ROLE, connection.settings_dict["NAME"])))
 
 
 def race(as_of_offset: int) -> None:
@@ -63,13 +90,14 @@ def race(as_of_offset: int) -> None:
 
 @pytest.mark.slow
 def test_workers_and_relays_racing_through_a_broker_outage_and_a_sigterm_lose_nothing(
-    documents: Documents, kafka: MockKafkaCluster,
+    documents: Documents, kafka: MockKafkaCluster, tmp_path: Path,
 ) -> None:
     loaded = load_spread_documents(DOCUMENTS, around=day(-2), seed=41)
     before = documents_md5()
     docs = documents_from_database()
     model = ReferenceLedger()
-    relays = [start_relay(kafka.bootstrap_servers) for _ in range(RELAYS)]
+    logs = [tmp_path / f"relay-{n}.log" for n in range(RELAYS + 1)]
+    relays = [start_relay(kafka.bootstrap_servers, logs[n]) for n in range(RELAYS)]
     sigterm_codes = []
     try:
         # Day 1: the broker goes down while the relays publish what the workers write.
@@ -81,12 +109,21 @@ def test_workers_and_relays_racing_through_a_broker_outage_and_a_sigterm_lose_no
         assert codes == [0] * WORKERS, [w.lines[-3:] for w in workers]
         waiting = unpublished()
         assert waiting > 0  # the rows wait for the broker
-        stuck_at = published()
-        kafka.set_up()
-        # A relay stopped with SIGTERM while relaying, and replaced.
-        wait_until(lambda: published() > stuck_at, timeout=120, what="publishing to resume")
-        sigterm_codes.append(stop(relays[0]))
-        relays[0] = start_relay(kafka.bootstrap_servers)
+        # The broker comes back; each relay's marks wait on a lock this test holds, so the
+        # first relay is stopped with SIGTERM while its batch is claimed, produced and not marked.
+        stopped = relay_id(logs[0])
+        with marking_held():
+            kafka.set_up()
+            wait_until(lambda: relays_waiting_on_their_mark() >= RELAYS, timeout=120,
+                       what="both relays to wait on their mark")
+            claimed_at_sigterm = claimed_by(stopped)
+            assert claimed_at_sigterm > 0
+            relays[0].send_signal(signal.SIGTERM)
+            wait_until(lambda: bool(logged(logs[0], "stop requested")), timeout=30,
+                       what="the relay to take the signal with its batch in flight")
+        sigterm_codes.append(relays[0].wait(timeout=60))  # a second SIGTERM would kill it
+        assert claimed_by(stopped) == 0  # its batch was recorded, not left to lapse
+        relays[0] = start_relay(kafka.bootstrap_servers, logs[RELAYS])
         wait_until(lambda: unpublished() == 0, timeout=180, what="the outbox to drain")
         model.run(docs, day(-2), DEFAULT_THRESHOLDS)
 
@@ -98,23 +135,34 @@ def test_workers_and_relays_racing_through_a_broker_outage_and_a_sigterm_lose_no
         sigterm_codes += [stop(relay) for relay in relays]
 
     assert sigterm_codes == [0] * (RELAYS + 1)
-    check_invariants(documents_before=before, model=model)
+    published_per_relay = [sum(int(e["published"]) for e in logged(log, "relay stopped"))
+                           for log in logs]
+    snap = snapshot()
+    figures = tally(snap, model)
     rows = outbox_rows()
     records = read_topic(kafka.bootstrap_servers, timeout=60)
     copies = Counter(r.message_id for r in records)
-    assert set(copies) == set(rows), "lost or unknown messages on the topic"
-    for record in records:
-        assert record.json() == rows[record.message_id][1]
     expected_order: dict[str, list[str]] = {}
     for message_id, (key, _payload) in rows.items():  # rows are in (created_at, id) order
         expected_order.setdefault(key, []).append(message_id)
-    assert first_seen_order(records) == expected_order
+    seen_order = first_seen_order(records)
     chaos_report.record(
         "relay: 4 workers + 2 relays, broker down, SIGTERM", documents=loaded, days=2,
         worker_runs=2 * WORKERS, relay_processes=RELAYS + 1, broker_outages=1,
         rows_waiting_during_outage=waiting, relay_sigterms=len(sigterm_codes),
-        events=len(rows), records_on_topic=len(records),
-        redelivered=sum(n - 1 for n in copies.values()), lost=0, out_of_order_keys=0)
+        claimed_by_the_stopped_relay_at_sigterm=claimed_at_sigterm,
+        published_per_relay=published_per_relay, events=len(rows), records_on_topic=len(records),
+        redelivered=sum(n - 1 for n in copies.values()),
+        lost=len(set(rows) - set(copies)), unknown_on_topic=len(set(copies) - set(rows)),
+        out_of_order_keys=sum(1 for k in expected_order if seen_order.get(k) != expected_order[k]),
+        **{f"ledger_{name}": value for name, value in figures.items()})
+    check_invariants(documents_before=before, model=model, snap=snap)
+    # Both relays that ran side by side published (the one stopped, and the other).
+    assert all(n > 0 for n in published_per_relay[:RELAYS]), published_per_relay
+    assert set(copies) == set(rows), "lost or unknown messages on the topic"
+    for record in records:
+        assert record.json() == rows[record.message_id][1]
+    assert seen_order == expected_order
 
 
 def outbox_rows() -> dict[str, tuple[str, object]]:

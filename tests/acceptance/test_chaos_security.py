@@ -1,8 +1,10 @@
 """Security: the worker's role cannot read the encrypted payload or write the documents, while a
-full cycle succeeds under it; and a full run, at DEBUG, logs no number mask, payload or cipher
-(not even in the error of a failing owner)."""
+full cycle succeeds under it; a full run, at DEBUG, logs no number mask, payload or cipher
+(not even in the error of a failing owner); and the relay shows neither its SASL password nor
+its key password (not in --help, an error, or librdkafka's debug output)."""
 
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -10,6 +12,7 @@ from django.db import connection
 from psycopg import errors
 
 from core.roles import WORKER_ROLE
+from tests.acceptance.test_relay_process import relay_env, run_relay
 from tests.conftest import test_database_url
 from tests.support import chaos_report
 from tests.support.chaos import Worker, iso
@@ -17,6 +20,8 @@ from tests.support.factories import Documents, DocumentSpec, insert_documents
 from tests.support.invariants import check_invariants, documents_md5
 from tests.support.ledger import day
 from tests.support.reference import ReferenceLedger, documents_from_database
+from tests.support.relay_support import BASE_TIME, insert_outbox, outbox_state
+from tests.support.tansu_support import Certificates, TansuBroker, TlsFront, reserve_port
 
 FORBIDDEN = [
     "select payload_cipher from profile.person_documents limit 1",
@@ -57,10 +62,11 @@ def test_worker_role_cannot_read_the_cipher_or_write_documents_yet_a_cycle_succe
     assert code == 0, worker.lines[-5:]
     model = ReferenceLedger()
     model.run(documents_from_database(), day(0), (30, 7, 1, 0))
-    check_invariants(documents_before=before, model=model)
+    unchanged = documents_md5() == before
     chaos_report.record("security (least-privilege worker role)", statements_refused=refused,
                         cycle_exit_code=code, reminders=model.reminders(),
-                        documents_unchanged=True)
+                        documents_unchanged=unchanged)
+    check_invariants(documents_before=before, model=model)
 
 
 def test_a_full_run_at_debug_logs_no_mask_payload_or_cipher(documents: Documents) -> None:
@@ -87,17 +93,70 @@ def test_a_full_run_at_debug_logs_no_mask_payload_or_cipher(documents: Documents
 
     assert code == 1, worker.lines[-5:]  # the refused owner failed, the rest went out
     assert worker.logged("owner failed") and worker.logged("reminder queued")
-    assert worker.logged("batch selected")  # DEBUG lines were on
+    assert worker.logged("batch selected")
     assert len(worker.events()) == len(worker.lines) - len(worker.plain_lines())
     everything = "\n".join(worker.lines) + out
     leaks = []
+    checked = 0
     for spec in specs:
         assert spec.number_mask is not None
         secrets = [spec.number_mask, spec.payload_cipher.decode(), spec.payload_cipher.hex(),
                    "\\x" + spec.payload_cipher.hex()]
         leaks += [s for s in secrets if s in everything]
-    assert leaks == []
-    assert "payload_cipher" not in everything and "numberMask" not in everything
+        checked += len(secrets)
     chaos_report.record("log audit (full run, DEBUG, one failing owner)",
                         log_lines=len(worker.lines), documents=len(specs),
-                        secrets_checked=len(specs) * 4, leaks=0)
+                        secrets_checked=checked, leaks=len(leaks))
+    assert leaks == []
+    assert "payload_cipher" not in everything and "numberMask" not in everything
+
+
+def test_the_relay_never_shows_the_sasl_password_or_the_key_password(
+    transactional_db: None, tmp_path: Path, certificates: Certificates
+) -> None:
+    """--help, bad configurations, and a run at DEBUG with librdkafka's own debug output on
+    (debug=all) that a broker behind TLS refuses at SASL: neither secret appears anywhere."""
+    insert_outbox(str(uuid.uuid4()), created_at=BASE_TIME)
+    sasl_password = f"sasl-audit-{uuid.uuid4().hex}"
+    key_password = certificates.key_password
+    front_port = reserve_port()
+    with TansuBroker(tmp_path / "tansu", advertised_port=front_port,
+                     authentication=True).start() as broker:
+        front = TlsFront(tmp_path, broker.port, certificates.server, certificates.server_key,
+                         port=front_port)
+        try:
+            env = relay_env(
+                broker.bootstrap_servers, LOG_LEVEL="DEBUG", KAFKA_SECURITY_PROTOCOL="SASL_SSL",
+                KAFKA_SASL_MECHANISM="SCRAM-SHA-256", KAFKA_SASL_USERNAME="pin_outbox_relay",
+                KAFKA_SASL_PASSWORD=sasl_password, KAFKA_SSL_CA_LOCATION=str(certificates.ca),
+                KAFKA_SSL_CERTIFICATE_LOCATION=str(certificates.client),
+                KAFKA_SSL_KEY_LOCATION=str(certificates.client_key),
+                KAFKA_SSL_KEY_PASSWORD=key_password, KAFKA_PRODUCER_CONFIG='{"debug": "all"}')
+            runs = {
+                "refused at DEBUG, librdkafka debug=all": (run_relay(env), 1),
+                "--help": (run_relay(env, "--help"), 0),
+                "bad setting": (run_relay({**env, "KAFKA_SSL_ENDPOINT_IDENTIFICATION": "?"}), 2),
+                "wrong key password": (run_relay({**env, "KAFKA_SSL_KEY_PASSWORD": key_password
+                                                  + "-wrong"}), 2),
+                "broken JSON holding the password": (run_relay({
+                    **env, "KAFKA_PRODUCER_CONFIG": f'{{"sasl.password": "{sasl_password}"'}), 2),
+                "guarded property holding the password": (run_relay({
+                    **env, "KAFKA_PRODUCER_CONFIG": f'{{"sasl.password": "{sasl_password}"}}'}),
+                    2),
+            }
+        finally:
+            front.stop()
+
+    for name, (done, code) in runs.items():
+        assert done.returncode == code, (name, done.stderr[-2000:])
+    everything = "\n".join(done.stdout + done.stderr for done, _ in runs.values())
+    leaks = everything.count(sasl_password) + everything.count(key_password)
+    assert leaks == 0
+    refused = runs["refused at DEBUG, librdkafka debug=all"][0].stderr.splitlines()
+    librdkafka_lines = [ln for ln in refused if '"logger":"outbox.kafka"' in ln]
+    assert len(librdkafka_lines) > 50, "librdkafka's debug output was not on: a hollow audit"
+    assert "KAFKA_SASL_" in runs["--help"][0].stdout  # named, never valued
+    assert all(r["published_at"] is None and r["attempts"] == 0 for r in outbox_state())
+    chaos_report.record("log audit (relay: SASL password, key password)", runs=len(runs),
+                        log_lines=len(everything.splitlines()),
+                        librdkafka_debug_lines=len(librdkafka_lines), leaks=leaks)

@@ -1,16 +1,21 @@
 """The management commands as an operator runs them: real subprocesses on the test database,
 as the worker's least-privilege role."""
 
+import json
 import signal
 import uuid
 from collections import Counter
+from datetime import UTC, datetime
+from itertools import pairwise
 
 import pytest
 from django.db import connection
 
 from tests.conftest import command_env
+from tests.support.chaos import cycles_start_together
+from tests.support.chaos_proxy import refused_port
 from tests.support.factories import Documents, DocumentSpec, insert_documents
-from tests.support.ledger import events, expiring_in, markers, run_statuses
+from tests.support.ledger import events, expiring_in, markers, real_today, run_statuses
 from tests.support.processes import Command, run_command
 
 AS_OF_ARG = "2026-11-29T03:00:00Z"
@@ -55,6 +60,24 @@ def test_one_cycle_prints_its_summary(documents: Documents) -> None:
     assert "reminders sent           2" in done.stdout
     assert "threshold   7 days       1" in done.stdout
     assert run_statuses() == ["succeeded"]
+
+
+def test_each_batch_is_logged_at_the_default_level_with_its_owners_and_documents(
+    documents: Documents,
+) -> None:
+    first, second, third = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    documents(owner_user_id=first, expires_at=expiring_in(-3))
+    documents(owner_user_id=second, expires_at=expiring_in(0))
+    documents(owner_user_id=second, expires_at=expiring_in(5))
+    documents(owner_user_id=third, expires_at=expiring_in(10))
+
+    done = run_command("run_expiry_reminders", "--as-of", AS_OF_ARG, "--batch-size", "2")
+
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    batches = [line for line in lines if line["event"] == "batch selected"]
+    assert [(b["level"], b["owners"], b["documents"]) for b in batches] == [
+        ("info", 1, 1), ("info", 1, 2), ("info", 1, 1)]
 
 
 def test_dry_run_prints_what_it_would_remind_and_writes_nothing(documents: Documents) -> None:
@@ -126,6 +149,25 @@ def test_prune_command(documents: Documents) -> None:
     assert markers() == set()
 
 
+def test_a_timed_out_cycle_still_prunes(documents: Documents) -> None:
+    # The issue's repro: markers expiring 2026-01-01, then a cycle that runs out of time at once.
+    old = documents(expires_at=datetime(2026, 1, 1, 12, 0, tzinfo=UTC))
+    assert run_command("run_expiry_reminders", "--as-of", "2026-01-02T03:00:00Z").returncode == 0
+    assert len(markers(old.id)) == 4
+    due = documents(expires_at=datetime(2026, 11, 5, 12, 0, tzinfo=UTC))
+
+    done = run_command("run_expiry_reminders", "--as-of", "2026-11-01T03:00:00Z",
+                       "--max-run-duration", "1ms")
+
+    assert done.returncode == 0, done.stderr
+    assert ": timed_out" in done.stdout and "pruned markers           4" in done.stdout
+    assert markers(old.id) == set() and markers(due.id) == set()  # pruned; due left for later
+    with connection.cursor() as cursor:
+        cursor.execute("select status, pruned from document_expiry_reminder_runs"
+                       " order by started_at desc limit 1")
+        assert cursor.fetchone() == ("timed_out", 4)
+
+
 def test_sigterm_mid_cycle_exits_0_and_leaves_no_owner_half_written(documents: Documents) -> None:
     _owners_with_documents(owners=1500, per_owner=2, days=(-3, 0, 1, 5, 12, 29))
     worker = Command("run_expiry_reminders", "--as-of", AS_OF_ARG, "--batch-size", "2")
@@ -149,10 +191,11 @@ def test_parallel_instances_write_one_marker_and_one_event_per_document(
     documents: Documents,
 ) -> None:
     specs = _owners_with_documents(owners=600, per_owner=3, days=(-1, 0, 3, 6, 20))
-    workers = [
-        Command("run_expiry_reminders", "--as-of", AS_OF_ARG, "--batch-size", "7")
-        for _ in range(4)
-    ]
+    with cycles_start_together(4):
+        workers = [
+            Command("run_expiry_reminders", "--as-of", AS_OF_ARG, "--batch-size", "7")
+            for _ in range(4)
+        ]
     results = [w.finish() for w in workers]
 
     assert [code for code, _, _ in results] == [0, 0, 0, 0], [err[-2000:] for _, _, err in results]
@@ -162,34 +205,52 @@ def test_parallel_instances_write_one_marker_and_one_event_per_document(
     sent = [int(line.split()[-1]) for _, out, _ in results for line in out.splitlines()
             if line.strip().startswith("reminders sent")]
     assert sum(sent) == len(specs)  # the instances split the work; nobody sent twice
+    # They really ran at once: every run started before any finished, and more than one won.
+    with connection.cursor() as cursor:
+        cursor.execute("select max(started_at) < min(finished_at), count(*)"
+                       " from document_expiry_reminder_runs")
+        assert cursor.fetchone() == (True, 4)
+    assert sum(1 for n in sent if n) >= 2, sent
 
 
+@pytest.mark.real_clock(needs_database_clock=True)
 def test_loop_runs_a_missed_cycle_at_once_then_sleeps_until_sigterm(documents: Documents) -> None:
-    documents(expires_at=expiring_in(3))
+    documents(expires_at=expiring_in(3, base=real_today()))  # --loop runs as of the real clock
     worker = Command("run_expiry_reminders", "--loop",
                      env=command_env(REMINDER_RUN_AT_UTC="03:00", REMINDER_POLLING_INTERVAL="24h"))
-
-    worker.wait_for_event("cycle completed")
-    worker.wait_for_event("sleeping until next tick")
-    worker.process.send_signal(signal.SIGTERM)
-    code, _, stderr = worker.finish()
+    try:
+        worker.wait_for_event("cycle completed")
+        worker.wait_for_event("sleeping until next tick")
+        worker.process.send_signal(signal.SIGTERM)
+        code, _, stderr = worker.finish()
+    finally:
+        if worker.process.poll() is None:  # a failed wait leaves no loop running cycles
+            worker.process.kill()
+            worker.finish()
 
     assert code == 0, stderr
-    assert run_statuses() == ["succeeded"]
+    assert run_statuses() == ["succeeded"] and len(events()) == 1
     assert "loop stopped" in stderr
 
 
 def test_loop_survives_an_unreachable_database_with_backoff() -> None:
-    env = command_env()
-    env["DATABASE_URL"] = "postgres://pin_reminder_worker@127.0.0.1:1/nowhere"  # nothing listens
-    env["DB_CONNECT_TIMEOUT_S"] = "2"
-    worker = Command("run_expiry_reminders", "--loop", env=env)
+    with refused_port() as port:
+        env = command_env()
+        env["DATABASE_URL"] = f"postgres://pin_reminder_worker@127.0.0.1:{port}/nowhere"
+        env["DB_CONNECT_TIMEOUT_S"] = "2"
+        worker = Command("run_expiry_reminders", "--loop", env=env)
 
-    first = worker.wait_for_event("database unavailable, retrying")
-    second = worker.wait_for_event("database unavailable, retrying")
-    worker.process.send_signal(signal.SIGTERM)
-    code, _, _ = worker.finish()
+        retries = [worker.wait_for_event("database unavailable, retrying") for _ in range(3)]
+        worker.process.send_signal(signal.SIGTERM)
+        code, _, _ = worker.finish()
 
-    assert (first["attempt"], second["attempt"]) == (1, 2)
-    assert second["retry_in_s"] >= first["retry_in_s"] / 2 > 0  # backing off, not spinning
+    assert [r["attempt"] for r in retries] == [1, 2, 3]
+    delays = [r["retry_in_s"] for r in retries]
+    # Doubling with jitter over the upper half: attempt n waits within [2^(n-2), 2^(n-1)] s, so
+    # the third delay is at least twice the first; a constant or shrinking delay is not.
+    assert 0 < delays[0] <= delays[1] <= delays[2] and delays[2] >= 2 * delays[0], delays
+    gaps = [(datetime.fromisoformat(b["ts"]) - datetime.fromisoformat(a["ts"])).total_seconds()
+            for a, b in pairwise(retries)]
+    # It really waited that long (the delay is logged rounded to 0.1 s, the time to 1 ms).
+    assert all(gap >= delay - 0.06 for gap, delay in zip(gaps, delays, strict=False)), (gaps, delays)
     assert code == 0

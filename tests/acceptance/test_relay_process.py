@@ -7,32 +7,28 @@ import subprocess
 import urllib.request
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from contextlib import contextmanager
+from datetime import datetime
 from pathlib import Path
-from typing import Any
 
-import psycopg
 import pytest
 from django.db import connection
 
 from core.roles import RELAY_ROLE
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
-from tests.conftest import command_env, manage_py, test_database_url
+from tests.conftest import command_env, manage_py
 from tests.support.relay_support import (
     BASE_TIME,
     first_seen_order,
     insert_outbox,
     interleaved_rows,
+    marking_held,
     outbox_state,
     unpublished_count,
     wait_for,
 )
 
 pytestmark = pytest.mark.slow
-
-HOLD_LOCK = 4_242_001
 
 
 def relay_env(bootstrap: str, **extra: str) -> dict[str, str]:
@@ -60,47 +56,25 @@ def run_relay(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[st
                           capture_output=True, timeout=120, check=False)
 
 
-@contextmanager
-def marking_held() -> Iterator[psycopg.Connection[Any]]:
-    """While inside, a relay that marks a row published blocks (on an advisory lock this
-    connection holds), after Kafka acknowledged the row: the window between produce and mark."""
-    with connection.cursor() as cursor:
-        cursor.execute(f"""
-            create function hold_outbox_mark() returns trigger language plpgsql as $$
-            begin
-                perform pg_advisory_xact_lock({HOLD_LOCK});
-                return new;
-            end $$;
-            create trigger hold_outbox_mark before update on outbox_messages for each row
-                when (old.published_at is null and new.published_at is not null)
-                execute function hold_outbox_mark();""")
-    holder = psycopg.connect(test_database_url(), autocommit=True)
-    holder.execute("select pg_advisory_lock(%s)", [HOLD_LOCK])
-    try:
-        yield holder
-    finally:
-        holder.close()  # releases the lock
-        with connection.cursor() as cursor:
-            cursor.execute("drop trigger if exists hold_outbox_mark on outbox_messages;"
-                           " drop function if exists hold_outbox_mark()")
+# Sessions of the relay role in this test database only: other suites share the server.
+RELAY_SESSIONS = "pg_stat_activity where usename = %s and datname = current_database()"
 
 
 def relay_blocked_on_mark() -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
-            "select count(*) from pg_stat_activity where usename = %s"
+            f"select count(*) from {RELAY_SESSIONS}"
             " and wait_event_type = 'Lock' and wait_event = 'advisory'", [RELAY_ROLE])
         return int(cursor.fetchone()[0]) > 0
 
 
 def end_relay_sessions() -> None:
     with connection.cursor() as cursor:
-        cursor.execute("select pg_terminate_backend(pid) from pg_stat_activity where usename = %s",
-                       [RELAY_ROLE])
+        cursor.execute(f"select pg_terminate_backend(pid) from {RELAY_SESSIONS}", [RELAY_ROLE])
 
     def gone() -> bool:
         with connection.cursor() as cursor:
-            cursor.execute("select count(*) from pg_stat_activity where usename = %s", [RELAY_ROLE])
+            cursor.execute(f"select count(*) from {RELAY_SESSIONS}", [RELAY_ROLE])
             return int(cursor.fetchone()[0]) == 0
 
     wait_for(gone, timeout=30, what="the relay's sessions to end")
@@ -185,7 +159,8 @@ def test_sigterm_with_the_broker_down_releases_the_batch_within_the_grace_and_ex
     try:
         wait_for(lambda: claimed_count() == 3, timeout=60, what="the relay to claim the heads")
         relay.send_signal(signal.SIGTERM)
-        _, stderr = relay.communicate(timeout=30)
+        # Longer than the delivery timeout: a relay that ignored the grace still shows its gap.
+        _, stderr = relay.communicate(timeout=90)
     finally:
         if relay.poll() is None:
             relay.kill()
@@ -195,6 +170,12 @@ def test_sigterm_with_the_broker_down_releases_the_batch_within_the_grace_and_ex
     state = outbox_state()
     assert all(r["published_at"] is None and r["claimed_by"] is None and r["available_at"] is None
                and r["attempts"] == 0 for r in state)
+    # The grace, measured on the relay's own clock: from the signal to the batch's release.
+    logged = {e["event"]: e for e in map(json.loads, _log_lines(stderr))}
+    assert logged["broker unavailable, messages released"]["released"] == 3
+    waited = (datetime.fromisoformat(logged["broker unavailable, messages released"]["ts"])
+              - datetime.fromisoformat(logged["stop requested"]["ts"])).total_seconds()
+    assert 0.5 - 0.01 <= waited < 0.5 + 5, waited  # the grace (500ms), not the delivery timeout
 
 
 def test_one_pass_publishes_and_exits_0_with_a_summary(
@@ -302,3 +283,8 @@ def test_loop_serves_its_counters_and_health_on_metrics_addr(
 def _get(url: str) -> tuple[int, str]:
     with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310 - a loopback URL
         return response.status, response.read().decode()
+
+
+def _log_lines(stderr: str) -> list[str]:
+    """The JSON log lines of a relay's stderr."""
+    return [line for line in stderr.splitlines() if line.startswith('{"ts"')]

@@ -274,6 +274,7 @@ def test_date_hierarchy_periods_match_a_full_distinct(kind: DatetimeKind) -> Non
     assert list(skipped.datetimes("reminded_at", kind)) == list(plain.datetimes("reminded_at", kind))
 
 
+@pytest.mark.real_clock
 def test_overview_page_shows_chart_backlog_and_last_cycle(admin_client: Client) -> None:
     today = datetime.now(UTC)
     ledger_rows(3, reminded_at=today - timedelta(days=2), thresholds=(7,))

@@ -15,7 +15,7 @@ from reminders.models import ReminderRun
 from tests.conftest import CycleRunner
 from tests.support import chaos_report
 from tests.support.factories import Documents, DocumentSpec, insert_documents
-from tests.support.invariants import check_invariants, documents_md5
+from tests.support.invariants import check_invariants, documents_md5, snapshot, tally
 from tests.support.ledger import AS_OF, TODAY, day, events_for
 from tests.support.reference import ReferenceLedger, documents_from_database
 
@@ -70,7 +70,8 @@ def test_odd_documents_are_handled_by_the_rules(run: CycleRunner, documents: Doc
     before = documents_md5()
     model = ReferenceLedger()
     reference = documents_from_database()
-    for offset in (0, 1, 2, 7, 31, 95):
+    offsets = (0, 1, 2, 7, 31, 95)
+    for offset in offsets:
         result = run(day(offset))
         assert result.status == ReminderRun.Status.SUCCEEDED
         model.run(reference, day(offset), DEFAULT_THRESHOLDS)
@@ -91,8 +92,9 @@ def test_odd_documents_are_handled_by_the_rules(run: CycleRunner, documents: Doc
     assert {m for m in ODD_MASKS} <= masks  # carried verbatim, null included
     chaos_report.record(
         "bad data (odd types, masks, extreme and edge expiries, offsets)", documents=len(docs),
-        runs=6, odd_types=len(ODD_TYPES), odd_masks=len(ODD_MASKS), utc_offsets=len(OFFSETS),
-        reminders=sum(len(v) for v in model.events.values()), lost=0, duplicated=0)
+        runs=len(offsets), odd_types=len(ODD_TYPES), odd_masks=len(ODD_MASKS),
+        utc_offsets=len(OFFSETS), reminders=sum(len(v) for v in model.events.values()),
+        **tally(snapshot(), model))
 
 
 def all_payloads() -> list[dict[str, Any]]:
@@ -127,5 +129,5 @@ def test_an_owner_with_thousands_of_due_documents_gets_capped_events_until_all_a
     chaos_report.record(
         "bad data (one owner, thousands of documents)", documents=count, runs=len(sizes),
         cap=MAX_DOCUMENTS_PER_EVENT, event_items_and_bytes_per_day=sizes,
-        reminders=sum(len(v) for v in model.events.values()), lost=0, duplicated=0)
+        reminders=sum(len(v) for v in model.events.values()), **tally(snapshot(), model))
 

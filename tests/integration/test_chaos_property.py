@@ -1,6 +1,7 @@
 """Property: for random document sets and random sequences of daily runs, with the thresholds,
-the batch size and the per-event cap changing between runs, the worker leaves exactly what
-the reference model (tests/support/reference.py) says, and the invariants hold.
+the batch size and the per-event cap changing between runs, and documents' expiry dates
+changing between runs (renewed, or corrected either way: refinement 5), the worker leaves
+exactly what the reference model (tests/support/reference.py) says, and the invariants hold.
 
 The retention is drawn once per example: raising it after a prune lets an expired document
 re-enter the window unmarked and be reminded again (the seed's accepted trade-off)."""
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from tests.conftest import CycleRunner
 from tests.support import chaos_report
 from tests.support.factories import Documents, DocumentSpec, insert_documents
-from tests.support.invariants import check_invariants, documents_md5
+from tests.support.invariants import check_invariants, documents_md5, snapshot, tally
 from tests.support.ledger import AS_OF
 from tests.support.reference import ReferenceLedger, documents_from_database
 
@@ -40,9 +41,30 @@ document_specs = st.builds(
 )
 thresholds = st.sets(st.sampled_from([60, 30, 14, 7, 3, 1, 0]), min_size=1).map(
     lambda s: tuple(sorted(s, reverse=True)))
+# before a run: (which document, days and minutes its expiry moves by: renewed, corrected
+# either way, or moved within its UTC day)
+expiry_changes = st.lists(
+    st.tuples(st.integers(0, 19), st.integers(-20, 40), st.integers(-720, 720)), max_size=3)
 daily_runs = st.lists(
-    st.tuples(st.integers(1, 25), thresholds, st.integers(1, 4), st.sampled_from([500, 500, 1, 2])),
+    st.tuples(st.integers(1, 25), thresholds, st.integers(1, 4), st.sampled_from([500, 500, 1, 2]),
+              expiry_changes),
     min_size=1, max_size=5)
+
+
+def change_expiries(specs: list[DocumentSpec], changes: list[tuple[int, int, int]]) -> int:
+    """Move the chosen documents' expiry (as the profile service would; one without an
+    expiry gets one near AS_OF); how many changes."""
+    if not specs:
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute("reset role")
+        for index, days, minutes in changes:
+            cursor.execute(
+                "update person_documents"
+                " set expires_at = coalesce(expires_at, %s) + make_interval(days => %s, mins => %s)"
+                " where id = %s",
+                (AS_OF, days, minutes, specs[index % len(specs)].id))
+    return len(changes)
 
 
 def reset_tables() -> None:
@@ -58,21 +80,29 @@ def reset_tables() -> None:
        retention=st.sampled_from([90, 10]))
 def test_random_documents_and_daily_runs_match_the_reference_model(
     run: CycleRunner, documents: Documents, specs: list[DocumentSpec],
-    runs: list[tuple[int, tuple[int, ...], int, int]], retention: int,
+    runs: list[tuple[int, tuple[int, ...], int, int, list[tuple[int, int, int]]]],
+    retention: int,
 ) -> None:
     reset_tables()
     insert_documents(specs)
-    before = documents_md5()
-    reference = documents_from_database()
     model = ReferenceLedger()
     as_of = AS_OF - timedelta(days=60)
-    for gap, config, batch_size, cap in runs:
+    changed = 0
+    for gap, config, batch_size, cap, changes in runs:
+        changed += change_expiries(specs, changes)
+        before = documents_md5()
+        reference = documents_from_database()
+        rearmed = model.rearmed
         as_of += timedelta(days=gap)
         result = run(as_of, thresholds=config, batch_size=batch_size, retention_days=retention,
                      max_documents_per_event=cap)
         assert result.ok
         model.run(reference, as_of, config, retention_days=retention, cap=cap)
         check_invariants(documents_before=before, model=model, retention_days=retention)
+        assert result.markers_rearmed == model.rearmed - rearmed
+    figures = tally(snapshot(retention), model)
     chaos_report.count("property (hypothesis vs reference model)", examples=1,
-                       documents=len(specs), runs=len(runs), mismatches=0)
+                       documents=len(specs), runs=len(runs), expiry_changes=changed,
+                       rearmed=model.rearmed,
+                       mismatches=figures["lost"] + figures["unexpected"] + figures["duplicated"])
 

@@ -1,6 +1,7 @@
 """The seed's test table (docs/design.md §3), one named test each, on real PostgreSQL as the worker role."""
 
 import logging
+import threading
 import uuid
 from datetime import UTC, datetime, time, timedelta, timezone
 
@@ -14,6 +15,7 @@ from tests.support.ledger import (
     AS_OF,
     TODAY,
     Marker,
+    database_now,
     day,
     documents_checksum,
     events,
@@ -245,7 +247,8 @@ def test_expired_active_document_stays_quiet_through_and_after_the_prune(
         assert result.reminders_sent == 0, f"reminded again {offset} days later"
         in_window = offset <= 89  # 90 days of retention after the UTC expiry date
         assert result.window_documents == (1 if in_window else 0), offset
-        assert bool(markers(doc.id)) == in_window or offset == 90, offset
+        # The cycle in which the document leaves the scan (offset 90) prunes its markers.
+        assert bool(markers(doc.id)) == in_window, offset
     assert notified_pairs() == [(str(doc.id), 0)]
 
 
@@ -325,6 +328,61 @@ def test_run_over_its_time_budget_stops_cleanly_and_the_next_run_finishes(
     assert sorted(notified_pairs()) == sorted((str(d.id), 7) for d in docs)
 
 
+def _expired_markers(count: int) -> None:
+    """`count` markers of long-gone documents (expiring 2026-01-01), straight into the ledger."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "insert into document_expiry_reminders (id, document_id, owner_user_id, type,"
+            " threshold_days, expires_at, reminded_at, notified, run_id)"
+            " select gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 'Visa', 0,"
+            " date '2026-01-01', now(), true, gen_random_uuid() from generate_series(1, %s)",
+            (count,))
+
+
+def _expired_left() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("select count(*) from document_expiry_reminders"
+                       " where expires_at = date '2026-01-01'")
+        row = cursor.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_timed_out_cycle_prunes_within_a_budget_of_its_own(
+    run: CycleRunner, documents: Documents
+) -> None:
+    _expired_markers(12_000)  # more than two chunks of the prune
+    documents(expires_at=expiring_in(3))  # due: the cycle has a batch to run out of time on
+    seconds = [0.0]
+
+    def clock() -> float:
+        seconds[0] += 1.0  # every look at the clock finds a second gone
+        return seconds[0]
+
+    first = run(AS_OF, max_run_duration=timedelta(milliseconds=1),
+                prune_budget=timedelta(seconds=1.5), clock=clock)
+
+    assert first.status == ReminderRun.Status.TIMED_OUT and first.reminders_sent == 0
+    assert first.pruned == 5_000  # one chunk in its budget; the rest waits
+    assert _expired_left() == 7_000
+    second = run(AS_OF)
+    assert (second.status, second.pruned, _expired_left()) == ("succeeded", 7_000, 0)
+
+
+def test_a_cycle_stopped_by_a_signal_leaves_the_prune_to_the_next(
+    run: CycleRunner, documents: Documents
+) -> None:
+    _expired_markers(10)
+    for days in (2, 3):
+        documents(expires_at=expiring_in(days))
+    stop = threading.Event()
+
+    stopped = run(AS_OF, batch_size=1, stop=stop, progress=lambda _done, _total: stop.set())
+
+    assert (stopped.status, stopped.pruned, _expired_left()) == ("stopped", 0, 10)
+    assert run(AS_OF).pruned == 10
+
+
 def test_failing_owner_loses_nothing_for_the_others_and_is_retried_next_cycle(
     run: CycleRunner, documents: Documents
 ) -> None:
@@ -382,17 +440,18 @@ def test_every_run_is_recorded_with_its_counters(
     assert (row.status, row.reminders_sent, row.owners_notified, row.markers_written) == (
         "succeeded", 1, 1, 2)
     assert row.finished_at is not None and row.as_of == AS_OF
-    assert row.finished_at >= row.started_at and row.started_at <= datetime.now(UTC)
+    assert row.finished_at >= row.started_at and row.started_at <= database_now()  # now() stamps it
 
 
 def test_a_run_left_running_by_a_killed_process_is_closed_as_failed(
     run: CycleRunner, documents: Documents
 ) -> None:
     killed, recent = uuid.uuid4(), uuid.uuid4()
+    now = database_now()  # the cycle ages runs with the database's now()
     ReminderRun.objects.create(run_id=killed, as_of=AS_OF, status="running", thresholds="30",
-                               started_at=datetime.now(UTC) - timedelta(hours=3))
+                               started_at=now - timedelta(hours=3))
     ReminderRun.objects.create(run_id=recent, as_of=AS_OF, status="running", thresholds="30",
-                               started_at=datetime.now(UTC) - timedelta(minutes=5))
+                               started_at=now - timedelta(minutes=5))
 
     run(AS_OF)
 

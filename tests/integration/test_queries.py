@@ -22,9 +22,11 @@ SAMPLE = {
     "i_document_ids": [uuid.uuid4()], "i_types": ["Visa"], "i_number_masks": [None],
     "i_expires_on": [TODAY], "i_days_left": [3], "run_id": uuid.uuid4(),
     "reminded_at": "2026-11-29T03:00:00Z", "aggregate_type": "Profile", "event_type": "E",
-    "contract_version": 1, "topic": "t", "extra_headers": None, "as_of": datetime.now(UTC),
-    "host": "h", "status": "succeeded", "reminders_sent": 0, "owners_notified": 0,
-    "markers_written": 0, "skipped_already_marked": 0, "pruned": 0, "failed_owners": 0,
+    "contract_version": 1, "topic": "t", "extra_headers": None,
+    "as_of": datetime(2026, 11, 29, 3, 0, tzinfo=UTC),
+    "host": "h", "trigger": "loop", "tick": datetime(2026, 11, 29, 3, 0, tzinfo=UTC),
+    "status": "succeeded", "reminders_sent": 0, "owners_notified": 0, "markers_written": 0,
+    "markers_rearmed": 0, "skipped_already_marked": 0, "pruned": 0, "failed_owners": 0,
     "duration_ms": 0, "error": None, "max_documents_per_event": 500, "unknown_type": "Unknown",
     "older_than": timedelta(hours=1), "successful": ["succeeded"], "since": datetime.now(UTC),
     "batch_size": 10, "lease": timedelta(minutes=2), "relay_id": "r", "ids": [uuid.uuid4()],
@@ -74,9 +76,9 @@ def test_candidate_queries_use_the_partial_expiry_index(name: str, db: None) -> 
         cursor.execute("""
             insert into person_documents
             select gen_random_uuid(), gen_random_uuid(), gen_random_uuid(), 'Visa', null,
-                   now() + (i % 3650 - 1825) * interval '1 day', 'Active', null, '\\x00',
-                   now(), now()
-            from generate_series(1, 50000) i""")
+                   %(today)s::timestamptz + (i %% 3650 - 1825) * interval '1 day', 'Active', null,
+                   '\\x00', %(today)s, %(today)s
+            from generate_series(1, 50000) i""", {"today": TODAY})  # around the window's day
         cursor.execute("analyze person_documents")
     plan = _plan(name)
     assert "ix_person_documents_expires_at" in plan, plan

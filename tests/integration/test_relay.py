@@ -4,8 +4,10 @@ per key with two relays, claims, wake-up, retention."""
 import json
 import threading
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
+from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection
 
@@ -18,7 +20,7 @@ from reminders import events
 from tests.conftest import CycleRunner
 from tests.support.contract import assert_event_valid
 from tests.support.factories import Documents
-from tests.support.ledger import AS_OF, expiring_in
+from tests.support.ledger import AS_OF, database_now, expiring_in
 from tests.support.relay_support import (
     BASE_TIME,
     RelayThread,
@@ -129,7 +131,7 @@ def test_an_insert_wakes_a_listening_relay(transactional_db: None) -> None:
 
 
 def test_retention_deletes_only_old_published_rows(transactional_db: None) -> None:
-    now = datetime.now(UTC)
+    now = database_now()  # the relay's retention is on the database's now()
     old = insert_outbox("a", created_at=now - timedelta(days=9), published_at=now - timedelta(days=8))
     recent = insert_outbox("b", created_at=now - timedelta(days=9),
                            published_at=now - timedelta(days=6))
@@ -149,7 +151,7 @@ def test_retention_deletes_only_old_published_rows(transactional_db: None) -> No
 def test_retention_works_in_bounded_chunks(transactional_db: None, chunk: int,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("outbox.relay.PRUNE_CHUNK", chunk)
-    now = datetime.now(UTC)
+    now = database_now()  # the relay's retention is on the database's now()
     for n in range(5):
         insert_outbox(f"k{n}", created_at=now - timedelta(days=10),
                       published_at=now - timedelta(days=8))
@@ -162,20 +164,49 @@ def test_retention_works_in_bounded_chunks(transactional_db: None, chunk: int,
 def test_a_looping_relay_publishes_a_new_row_on_notification_not_on_polling(
     transactional_db: None, kafka: MockKafkaCluster
 ) -> None:
+    wakeup = WatchedWakeup()
     thread = RelayThread(relay_settings(kafka.bootstrap_servers,
-                                        poll_interval=timedelta(minutes=10)))
+                                        poll_interval=timedelta(minutes=10)), wakeup=wakeup)
     thread.start()
     try:
-        wait_for(listening, timeout=30,
-                 what="the relay to listen")
+        # Its first pass found nothing: from now on only a notification can bring the relay
+        # out before the ten-minute poll interval.
+        wait_for(wakeup.waiting.is_set, timeout=30, what="the relay's first empty pass")
+        assert wakeup.backend_pid is not None and listening(wakeup.backend_pid)
         insert_outbox(str(uuid.uuid4()), created_at=BASE_TIME)
-        # A ten-minute poll interval: only the notification can bring it out this soon.
         wait_for(lambda: unpublished_count() == 0, timeout=15, what="the new row published")
     finally:
         thread.stop_and_join()
+    assert wakeup.woken[:1] == [True]  # the first wait ended on the notification
 
 
-def listening() -> bool:
+class WatchedWakeup(Wakeup):
+    """The relay's wake-up, telling the test its listening session, when the relay first
+    waits, and how each wait ended (True: a notification)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waiting = threading.Event()
+        self.backend_pid: int | None = None
+        self.woken: list[bool] = []
+
+    def listen(self) -> psycopg.Connection[Any] | None:
+        conn = super().listen()
+        if conn is not None:
+            self.backend_pid = conn.info.backend_pid
+        return conn
+
+    def wait(self, timeout: float, stop: threading.Event) -> bool:
+        self.waiting.set()
+        woken = super().wait(timeout, stop)
+        self.woken.append(woken)
+        return woken
+
+
+def listening(pid: int) -> bool:
+    """Whether session `pid`, on the test database, listens for new outbox rows."""
     with connection.cursor() as cursor:
-        cursor.execute("select count(*) from pg_stat_activity where query = 'listen outbox_messages'")
-        return int(cursor.fetchone()[0]) > 0
+        cursor.execute("select count(*) from pg_stat_activity where pid = %s"
+                       " and datname = current_database() and query = 'listen outbox_messages'",
+                       [pid])
+        return int(cursor.fetchone()[0]) == 1

@@ -202,6 +202,8 @@ def test_stop_before_a_batch_claims_nothing(transactional_db: None) -> None:
         (KafkaError._ALL_BROKERS_DOWN, True),
         (KafkaError.NOT_ENOUGH_REPLICAS, True),
         (KafkaError._PURGE_INFLIGHT, True),
+        (KafkaError.UNKNOWN_PRODUCER_ID, True),  # a restarted broker forgot the producer
+        (KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, True),
         (KafkaError.MSG_SIZE_TOO_LARGE, False),
         (KafkaError.TOPIC_AUTHORIZATION_FAILED, False),
         (KafkaError.UNKNOWN_TOPIC_OR_PART, False),
@@ -213,6 +215,10 @@ def test_errors_are_told_apart_broker_unavailable_or_message_undeliverable(
     code: int, unavailable: bool
 ) -> None:
     assert broker_unavailable(KafkaError(code)) is unavailable
+
+
+def test_a_fatal_producer_error_is_never_the_message_s_fault() -> None:
+    assert broker_unavailable(KafkaError(KafkaError.INVALID_RECORD, fatal=True))
 
 
 @given(failures=st.integers(min_value=1, max_value=60), seed=st.integers())

@@ -123,7 +123,8 @@ def test_the_command_exports_spans_over_otlp(documents: Documents) -> None:
     thread.start()
     try:
         done = subprocess.run(
-            [*manage_py(), "run_expiry_reminders"], capture_output=True, text=True, timeout=120,
+            [*manage_py(), "run_expiry_reminders", "--as-of", AS_OF.isoformat()],  # the data's day
+            capture_output=True, text=True, timeout=120,
             check=False, env=command_env(
                 OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.server_address[1]}",
                 OTEL_SERVICE_NAME="reminders-under-test"),

@@ -1,15 +1,22 @@
-"""The admin in a real browser (Debian's chromium, headless) against the live test server:
-a staff viewer logs in, browses and filters the ledger, searches an owner, opens a marker
-read-only, and looks at the overview; a non-staff user only ever gets the login page.
+"""The admin in a real browser (Debian's chromium, headless).
+
+Through the production WSGI server (gunicorn with pin_profile/gunicorn_conf.py, as the
+admin's own database role, DEBUG off, a real secret key, static files collected and served
+by WhiteNoise, every HTTPS setting on, the browser's requests marked as forwarded by a TLS
+proxy): a staff viewer logs in, the pages have their CSS, and the viewer browses and filters
+the ledger, searches an owner, opens a marker read-only, and looks at the overview. Against
+the test server: a non-staff user only ever gets the login page.
 
 Screenshots go to artifacts/admin-screenshots/ (the path is printed for the CI log)."""
 
+import os
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from django.contrib.auth.models import User
 from django.test import Client
 from selenium import webdriver
@@ -21,6 +28,13 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from reminders.models import DocumentExpiryReminder
 from tests.support.admin_data import PASSWORD, finished_run, ledger_rows, outbox_message, staff_viewer
+from tests.support.admin_server import (
+    PRODUCTION_TLS,
+    AdminServer,
+    admin_env,
+    admin_server_on_a_known_port,
+    collect_static,
+)
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -31,7 +45,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[WebDriver]:
+def browser() -> Iterator[webdriver.Chrome]:
     if not (CHROMIUM.exists() and CHROMEDRIVER.exists()):
         pytest.fail("chromium/chromedriver missing: scripts/test.sh installs them (scripts/browser.sh)")
     options = webdriver.ChromeOptions()
@@ -39,7 +53,10 @@ def browser() -> Iterator[WebDriver]:
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu",
                      "--disable-background-networking", "--window-size=1920,1200"):
         options.add_argument(argument)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    # Under scripts/test-clock.sh the browser runs without libfaketime, which it does not
+    # survive; its clock does not matter: this process's live server renders the pages.
+    real_clock = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER), env=real_clock), options=options)
     yield driver
     driver.quit()
 
@@ -82,12 +99,58 @@ def ledger(transactional_db: None) -> dict[str, Any]:
     return {"owner": owners[0], "viewer": staff_viewer()}
 
 
+@pytest.fixture(scope="module")
+def static_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = tmp_path_factory.mktemp("static")
+    collect_static(target)
+    return target
+
+
+@pytest.fixture
+def admin_behind_tls(browser: webdriver.Chrome, static_root: Path) -> Iterator[AdminServer]:
+    """gunicorn with every HTTPS setting on; the browser's requests carry the header a TLS
+    proxy adds (gunicorn trusts it from loopback), so the cookies are Secure, plain HTTP is
+    redirected, and the browser's http:// origin is trusted for CSRF as the proxy's would be."""
+
+    def env_for(port: int) -> dict[str, str]:
+        return admin_env(static_root, **PRODUCTION_TLS,
+                         DJANGO_CSRF_TRUSTED_ORIGINS=f"http://127.0.0.1:{port}")
+
+    browser.execute_cdp_cmd("Network.enable", {})
+    browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {"X-Forwarded-Proto": "https"}})
+    try:
+        with admin_server_on_a_known_port(env_for) as server:
+            yield server
+    finally:
+        browser.execute_cdp_cmd("Network.setExtraHTTPHeaders", {"headers": {}})
+
+
+def assert_styled_by_base_css(driver: WebDriver) -> None:
+    """base.css arrived and applies: its rules are loaded and the header has its colour."""
+    sheets = driver.execute_script(
+        "return [...document.styleSheets].map(s => [s.href, s.cssRules.length])")
+    rules = {href.rsplit("/static/", 1)[-1]: count for href, count in sheets if href}
+    assert rules.get("admin/css/base.css", 0) > 100, rules
+    header = driver.execute_script(
+        "return getComputedStyle(document.getElementById('header')).backgroundColor")
+    assert header == "rgb(65, 118, 144)"  # base.css: --header-bg is --secondary, #417690
+
+
+@pytest.mark.real_clock
 def test_staff_viewer_browses_the_ledger_read_only(
-    browser: WebDriver, live_server: Any, ledger: dict[str, Any], capsys: pytest.CaptureFixture[str]
+    browser: webdriver.Chrome, admin_behind_tls: AdminServer, ledger: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    base_url = admin_behind_tls.url
+    plain = requests.get(f"{base_url}/admin/", allow_redirects=False, timeout=WAIT_SECONDS)
+    assert plain.status_code == 301 and plain.headers["Location"].startswith("https://")
+
     browser.delete_all_cookies()
-    log_in(browser, live_server.url, "/admin/reminders/documentexpiryreminder/", "viewer")
+    log_in(browser, base_url, "/admin/reminders/documentexpiryreminder/", "viewer")
     wait(browser).until(ec.presence_of_element_located((By.ID, "result_list")))
+    assert_styled_by_base_css(browser)
+    session = browser.get_cookie("sessionid")
+    assert session is not None and session["secure"] and session["httpOnly"]
     assert "about" not in browser.find_element(By.CSS_SELECTOR, "p.paginator").text
     screenshot(browser, "ledger-list.png", capsys)
 
@@ -116,15 +179,16 @@ def test_staff_viewer_browses_the_ledger_read_only(
     assert browser.find_elements(By.CSS_SELECTOR, "a.deletelink, input[name=_addanother]") == []
     assert browser.find_elements(By.CSS_SELECTOR, "#content form input[type=submit]") == []
 
-    browser.get(live_server.url + "/admin/reminders/documentexpiryreminder/overview/")
+    browser.get(base_url + "/admin/reminders/documentexpiryreminder/overview/")
     wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#overview-chart svg rect")))
+    assert_styled_by_base_css(browser)
     assert "Succeeded" in browser.find_element(By.ID, "overview-last-cycle").text
     assert "1 parked" in browser.find_element(By.ID, "overview-outbox").text
     screenshot(browser, "overview.png", capsys)
 
 
 def test_non_staff_user_gets_the_login_page(
-    browser: WebDriver, live_server: Any, transactional_db: None
+    browser: webdriver.Chrome, live_server: Any, transactional_db: None
 ) -> None:
     investor = User.objects.create_user("investor", password=PASSWORD)
     browser.delete_all_cookies()

@@ -25,7 +25,7 @@ from reminders.health import (
     liveness_from_history,
 )
 from reminders.models import ReminderRun
-from reminders.observe import ObservedCycles
+from reminders.observe import ObservedCycles, observed_loop
 from reminders.result import CycleResult
 from reminders.retention import prune_run_history
 from tests.conftest import as_worker, command_env, manage_py
@@ -39,6 +39,7 @@ def sample(name: str, **labels: str) -> float:
     return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
+@pytest.mark.real_clock
 def test_a_cycle_counts_reminders_per_threshold_duration_and_last_success(
     documents: Documents,
 ) -> None:
@@ -68,13 +69,15 @@ def test_failed_owners_and_failed_cycles_count_as_errors() -> None:
     last = sample("profile_document_expiry_reminder_last_success_timestamp_seconds")
     partial = _result(ReminderRun.Status.PARTIAL, failed_owners=3)
     failed = _result(ReminderRun.Status.FAILED)
+    partial_finished = NOW + timedelta(seconds=17)
+    assert last != partial_finished.timestamp()  # so that only the partial cycle can set it
 
-    metrics.observe_cycle(partial)
+    metrics.observe_cycle(partial, finished_at=partial_finished)
     after_partial = sample("profile_document_expiry_reminder_last_success_timestamp_seconds")
     metrics.observe_cycle(failed, finished_at=datetime(2000, 1, 1, tzinfo=UTC))
 
     assert sample("profile_document_expiry_reminder_errors_total") == before + 4
-    assert after_partial >= last  # partial did its work
+    assert after_partial == partial_finished.timestamp()  # partial did its work
     assert sample("profile_document_expiry_reminder_last_success_timestamp_seconds") == after_partial
 
 
@@ -84,6 +87,15 @@ def test_a_dry_run_is_not_counted() -> None:
     result.dry_run = True
     metrics.observe_cycle(result)
     assert sample("profile_document_expiry_reminder_cycles_total", status="succeeded") == before
+
+
+def test_rearmed_markers_are_counted() -> None:
+    name = "profile_document_expiry_reminder_markers_rearmed_total"
+    before = sample(name)
+    result = _result(ReminderRun.Status.SUCCEEDED)
+    result.markers_rearmed = 3
+    metrics.observe_cycle(result)
+    assert sample(name) == before + 3
 
 
 def _result(status: str, failed_owners: int = 0) -> CycleResult:
@@ -241,6 +253,7 @@ def _insert_run(started_at: datetime, status: str, finished: bool = True) -> uui
     return run_id
 
 
+@pytest.mark.real_clock
 def test_run_history_is_pruned_by_age(transactional_db: None) -> None:
     now = datetime.now(UTC)
     old = [_insert_run(now - timedelta(days=d), "succeeded") for d in (91, 200)]
@@ -262,6 +275,7 @@ def test_run_history_days_setting() -> None:
         load_settings({"REMINDER_RUN_HISTORY_DAYS": "0"})
 
 
+@pytest.mark.real_clock
 def test_liveness_from_run_history(transactional_db: None) -> None:
     budget = timedelta(minutes=10)
     with as_worker():
@@ -293,6 +307,7 @@ def _health(**env: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60, check=False)
 
 
+@pytest.mark.real_clock
 def test_health_command_exit_codes(transactional_db: None) -> None:
     assert _health().returncode == 1  # no cycle has ever run
     _insert_run(datetime.now(UTC) - timedelta(hours=3), "succeeded")
@@ -306,6 +321,32 @@ def test_health_command_exit_codes(transactional_db: None) -> None:
     assert unreachable.returncode == 3, unreachable.stderr
 
 
+def test_health_command_limit_is_the_polling_interval_plus_two_hours(
+    transactional_db: None,
+) -> None:
+    _insert_run(datetime.now(UTC) - timedelta(hours=30), "succeeded")
+    assert _health().returncode == 1  # 26 h at the default 24 h
+    assert _health(REMINDER_POLLING_INTERVAL="48h").returncode == 0  # 50 h
+    _insert_run(datetime.now(UTC) - timedelta(hours=15), "succeeded")
+    assert _health().returncode == 0
+    unhealthy = _health(REMINDER_POLLING_INTERVAL="12h")  # 14 h
+    assert unhealthy.returncode == 1 and "14:00:00" in unhealthy.stderr
+
+
+@pytest.mark.parametrize(("interval_h", "alive"), [(12, False), (24, True), (48, True)])
+def test_loop_liveness_limit_is_the_polling_interval_plus_two_hours(
+    transactional_db: None, interval_h: int, alive: bool,
+) -> None:
+    settings = ReminderSettings(polling_interval=timedelta(hours=interval_h))
+    with observed_loop(settings, {}, stop=threading.Event()) as cycles:
+        health = cycles.health
+    assert health is not None
+    health.seen_success(NOW - timedelta(hours=20))
+
+    assert health.liveness(NOW).ok is alive
+
+
+@pytest.mark.real_clock
 def test_prune_command_prunes_the_run_history(transactional_db: None) -> None:
     now = datetime.now(UTC)
     _insert_run(now - timedelta(days=40), "succeeded")

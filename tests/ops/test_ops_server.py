@@ -3,15 +3,16 @@ METRICS_ADDR) scraped by the Prometheus text parser and by a real Prometheus ser
 
 import json
 import queue
+import re
 import shutil
 import signal
-import socket
 import subprocess
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections import Counter as Tally
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,9 +25,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from core.health import Verdict
 from core.ops_server import OpsServer, Probes
+from reminders.config import DEFAULT_THRESHOLDS
 from tests.conftest import command_env, manage_py
 from tests.support.factories import Documents
-from tests.support.ledger import expiring_in
+from tests.support.ledger import expiring_in, real_today, run_as_ofs
+from tests.support.reference import ReferenceLedger, documents_from_database
 
 T = TypeVar("T")
 DEADLINE_S = 60.0
@@ -122,14 +125,27 @@ def worker_loop(**env: str) -> Iterator[Worker]:
     assert code == 0
 
 
+def _documents_for_demo(documents: Documents) -> None:
+    """Documents due at every threshold on the day the worker's clock reads now."""
+    today = real_today()  # `--loop` runs as of its clock: build from the same clock
+    owner = documents(expires_at=expiring_in(7, base=today)).owner_user_id
+    documents(owner_user_id=owner, expires_at=expiring_in(29, base=today))
+    documents(expires_at=expiring_in(1, base=today))
+    documents(expires_at=expiring_in(-5, base=today))
+    documents(expires_at=expiring_in(100, base=today))
 
-def _documents_for_demo(documents: Documents) -> Any:
-    owner = documents(expires_at=expiring_in(7)).owner_user_id
-    documents(owner_user_id=owner, expires_at=expiring_in(29))
-    documents(expires_at=expiring_in(1))
-    documents(expires_at=expiring_in(-5))
-    documents(expires_at=expiring_in(100))
-    return {"30": 1, "7": 1, "1": 1, "0": 1}
+
+def _expected_reminders() -> tuple[dict[str, int], int]:
+    """Reminders per threshold and owners told, by the reference model at the as-of the
+    worker's cycle ran at (a UTC midnight may fall between building the data and the cycle)."""
+    [as_of] = run_as_ofs()
+    model = ReferenceLedger()
+    model.run(documents_from_database(), as_of, DEFAULT_THRESHOLDS)
+    told = Tally(str(item["thresholdDays"]) for items in model.events.values()
+                   for item in items.values())
+    per_threshold = {str(t): told[str(t)] for t in DEFAULT_THRESHOLDS}
+    assert sum(per_threshold.values()) == 4 and len(model.events) == 3, per_threshold
+    return per_threshold, len(model.events)
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -141,8 +157,9 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
+@pytest.mark.real_clock(needs_database_clock=True)
 def test_worker_serves_metrics_of_its_cycle(documents: Documents) -> None:
-    expected = _documents_for_demo(documents)
+    _documents_for_demo(documents)
     with worker_loop() as worker:
         port = worker.wait_event("metrics server listening")["port"]
         completed = worker.wait_event("cycle completed")
@@ -151,6 +168,7 @@ def test_worker_serves_metrics_of_its_cycle(documents: Documents) -> None:
         health, ready = get(f"{base}/healthz"), get(f"{base}/readyz")
 
     assert completed["status"] == "succeeded" and status == 200
+    expected, owners_told = _expected_reminders()
     scraped = samples(text)
     per_threshold = {dict(labels)["threshold_days"]: value for (name, labels), value in scraped.items()
                      if name == "profile_document_expiry_reminders_total"}
@@ -161,7 +179,7 @@ def test_worker_serves_metrics_of_its_cycle(documents: Documents) -> None:
     assert scraped[("profile_document_expiry_reminder_cycles_total", (("status", "succeeded"),))] == 1
     assert abs(scraped[("profile_document_expiry_reminder_last_success_timestamp_seconds", ())]
                - time.time()) < 120
-    assert scraped[("profile_outbox_unpublished_messages", ())] == 3  # three owners told
+    assert scraped[("profile_outbox_unpublished_messages", ())] == owners_told
     assert scraped[("profile_outbox_parked_messages", ())] == 0
     assert scraped[("profile_outbox_oldest_unpublished_age_seconds", ())] >= 0
     assert health[0] == 200 and health[1].startswith("ok")
@@ -175,10 +193,10 @@ def test_bad_metrics_address_is_a_usage_error(transactional_db: None) -> None:
     assert done.returncode == 2 and "METRICS_ADDR" in done.stderr
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+def _listening_address(log: Path) -> str | None:
+    """The address Prometheus bound (it was given port 0), from its log line."""
+    match = re.search(r'msg="Listening on" address=(127\.0\.0\.1:\d+)', log.read_text())
+    return match.group(1) if match else None
 
 
 def _query(base: str, promql: str) -> list[dict[str, Any]]:
@@ -194,6 +212,7 @@ def _query_rows(base: str, promql: str, rows: int) -> list[dict[str, Any]] | Non
     return result if len(result) == rows else None
 
 
+@pytest.mark.real_clock(needs_database_clock=True)
 def test_a_real_prometheus_scrapes_the_worker(documents: Documents, tmp_path: Path) -> None:
     binary = shutil.which("prometheus")
     assert binary, "prometheus is missing: scripts/test.sh installs Debian's prometheus package"
@@ -207,15 +226,19 @@ def test_a_real_prometheus_scrapes_the_worker(documents: Documents, tmp_path: Pa
             "scrape_configs:\n  - job_name: document-expiry-reminder-worker\n"
             f"    static_configs:\n      - targets: ['{target}']\n"
         )
-        port = _free_port()
-        log = (tmp_path / "prometheus.log").open("w")
+        log_path = tmp_path / "prometheus.log"
+        log = log_path.open("w")
+        # Port 0: Prometheus binds a free port itself and logs it, so no other process can
+        # take the port between our choice and its bind.
         server = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+             "--web.listen-address=127.0.0.1:0", "--log.level=info"],
             stdout=subprocess.DEVNULL, stderr=log,
         )
-        base = f"http://127.0.0.1:{port}"
         try:
+            address = wait_for("prometheus to listen", lambda: _listening_address(log_path)
+                               if server.poll() is None else pytest.fail("prometheus exited"))
+            base = f"http://{address}"
             wait_for("prometheus to be ready", lambda: get(f"{base}/-/ready")[0] == 200
                      if server.poll() is None else pytest.fail("prometheus exited"))
             result = wait_for("the counter in prometheus", lambda: _query(
@@ -228,7 +251,7 @@ def test_a_real_prometheus_scrapes_the_worker(documents: Documents, tmp_path: Pa
             server.wait(timeout=30)
             log.close()
 
-    assert float(result[0]["value"][1]) == 4
+    expected, _ = _expected_reminders()
+    assert float(result[0]["value"][1]) == sum(expected.values())
     assert [float(u["value"][1]) for u in up] == [1]
-    assert {r["metric"]["threshold_days"]: float(r["value"][1]) for r in by_threshold} == {
-        "30": 1, "7": 1, "1": 1, "0": 1}
+    assert {r["metric"]["threshold_days"]: float(r["value"][1]) for r in by_threshold} == expected

@@ -9,16 +9,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 from django.db import connection
 
 from core.roles import WORKER_ROLE
 from devtools.demo_data import copy_documents
-from tests.conftest import command_env, manage_py
+from tests.conftest import command_env, manage_py, test_database_url
 
 TYPES = ("Passport", "InternationalPassport", "DriverLicense", "ResidencePermit", "Visa")
 
@@ -111,7 +112,8 @@ class Worker:
 
     def wait_logged(self, event: str, *, count: int = 1, timeout: float = 30) -> None:
         wait_until(lambda: len(self.logged(event)) >= count or self.proc.poll() is not None,
-                   timeout=timeout, what=f"log line {event!r} x{count}")
+                   timeout=timeout, what=f"log line {event!r} x{count}; last lines:\n"
+                   + "\n".join(self.lines[-8:]))
         if len(self.logged(event)) < count:
             raise AssertionError(f"worker exited {self.proc.returncode} before logging "
                                  f"{event!r}:\n" + "\n".join(self.lines[-20:]))
@@ -178,6 +180,26 @@ def terminate_worker_waiting_on_a_lock(ended: set[int]) -> bool:
         cursor.execute("select pg_terminate_backend(%s)", (row[0],))
         ended.add(row[0])
         return True
+
+
+def worker_sessions_waiting_on_a_lock() -> int:
+    """How many of the worker role's sessions on the test database wait on a lock."""
+    return int(scalar("select count(*) from pg_stat_activity where usename = %s and datname = %s"
+                      " and wait_event_type = 'Lock'",
+                      (WORKER_ROLE, connection.settings_dict["NAME"])))
+
+
+@contextmanager
+def cycles_start_together(workers: int) -> Iterator[None]:
+    """A start barrier for the worker processes started inside the block: each cycle blocks on
+    its first write (the run history, held here in SHARE mode) until all `workers` wait there;
+    then the lock goes and they start together, instead of one process start-up apart."""
+    with psycopg.connect(test_database_url()) as holder:
+        holder.execute("lock table profile.document_expiry_reminder_runs in share mode")
+        yield
+        wait_until(lambda: worker_sessions_waiting_on_a_lock() >= workers, timeout=120,
+                   what=f"{workers} workers at the start barrier")
+        holder.rollback()
 
 
 def iso(instant: datetime) -> str:

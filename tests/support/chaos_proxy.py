@@ -1,29 +1,51 @@
 """A TCP forwarder the tests can take down and bring back: the database "goes away" for the
-worker behind it (connections refused, live sessions cut) while the test keeps its own."""
+worker behind it (connections refused, live sessions cut) while the test keeps its own.
+
+No port is picked, released, then bound again (another process could take it in between):
+a socket bound and never listening holds each port for as long as it is in use, and on
+Linux a port bound that way refuses connections."""
 
 import socket
 import threading
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+
+
+def _loopback_socket(port: int) -> socket.socket:
+    """A TCP socket bound to 127.0.0.1:`port` (0: any free port), sharing the port only with
+    the other sockets of this module (SO_REUSEPORT), not listening yet."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind(("127.0.0.1", port))
+    return sock
+
+
+@contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback port that refuses every connection for as long as the block runs."""
+    holder = _loopback_socket(0)
+    try:
+        yield int(holder.getsockname()[1])
+    finally:
+        holder.close()
 
 
 class Proxy:
-    """Forwards 127.0.0.1:<port> to `upstream`; `stop()` refuses and cuts, `start()` resumes."""
+    """Forwards 127.0.0.1:<port> to `upstream`; `stop()` refuses and cuts, `start()` resumes,
+    `close()` gives the port back. Until the first `start()` the port refuses connections."""
 
     def __init__(self, upstream: tuple[str, int]) -> None:
         self.upstream = upstream
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        self.port = int(probe.getsockname()[1])
-        probe.close()
+        # Bound, never listening, until close(): while stopped the port refuses, and stays ours.
+        self._holder = _loopback_socket(0)
+        self.port = int(self._holder.getsockname()[1])
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()
         self._lock = threading.Lock()
         self.connections = 0
 
     def start(self) -> None:
-        listener = socket.socket()
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", self.port))
+        listener = _loopback_socket(self.port)
         listener.listen(16)
         self._listener = listener
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
@@ -41,6 +63,11 @@ class Proxy:
                     sock.shutdown(socket.SHUT_RDWR)
                 sock.close()
             self._open.clear()
+
+    def close(self) -> None:
+        """Stop, and release the port."""
+        self.stop()
+        self._holder.close()
 
     def _accept(self, listener: socket.socket) -> None:
         while True:

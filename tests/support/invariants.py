@@ -1,9 +1,11 @@
 """The worker's promises (issue 7, invariants (a)-(e)), checked from the database alone.
 
     (a) no two markers for one (document, threshold);
-    (b) every notified marker is in exactly one outbox event, and every document of an event
-        has its notified marker, written by the same run (all-or-nothing per owner), unless a
-        later run pruned it (its expiry date left the retention window);
+    (b) every notified marker is in exactly one outbox event of the run that wrote it, for
+        the marker's expiry date, and every document of an event has its notified marker,
+        written by the same run (all-or-nothing per owner), unless a later run pruned it (its
+        expiry date left the retention window) or re-armed it (the document's expiry date
+        changed: refinement 5);
     (c) no empty event, no document twice in one event, and no owner with two events for
         the same as-of day;
     (d) after a final clean run, markers and events are exactly what the reference model
@@ -35,17 +37,26 @@ class Event:
 
 
 @dataclass(frozen=True)
-class Snapshot:
-    """What the worker has written: markers (document, threshold) -> (notified, owner, run), and
-    the outbox events."""
+class StoredMarker:
+    notified: bool
+    owner: uuid.UUID
+    run_id: uuid.UUID
+    expiry_day: date
 
-    markers: dict[tuple[uuid.UUID, int], tuple[bool, uuid.UUID, uuid.UUID]]
+
+@dataclass(frozen=True)
+class Snapshot:
+    """What the worker has written: markers by (document, threshold), the outbox events, and
+    each run's as-of date."""
+
+    markers: dict[tuple[uuid.UUID, int], StoredMarker]
     duplicate_markers: list[tuple[Any, ...]]
     events: list[Event]
     pruned_before: date | None  # markers expiring before this day may have been pruned
+    run_days: dict[uuid.UUID, date]
 
-    def marker_set(self) -> set[tuple[uuid.UUID, int, bool]]:
-        return {(d, t, v[0]) for (d, t), v in self.markers.items()}
+    def marker_set(self) -> set[tuple[uuid.UUID, int, bool, date]]:
+        return {(d, t, m.notified, m.expiry_day) for (d, t), m in self.markers.items()}
 
     def events_by_owner_day(self) -> dict[tuple[uuid.UUID, date], dict[uuid.UUID, dict[str, Any]]]:
         out: dict[tuple[uuid.UUID, date], dict[uuid.UUID, dict[str, Any]]] = {}
@@ -84,8 +95,8 @@ def snapshot(retention_days: int = 90) -> Snapshot:
 
 def _snapshot(retention_days: int) -> Snapshot:
     markers = {
-        (d, t): (n, o, r) for d, t, n, o, r in _rows(
-            "select document_id, threshold_days, notified, owner_user_id, run_id"
+        (d, t): StoredMarker(n, o, r, e) for d, t, n, o, r, e in _rows(
+            "select document_id, threshold_days, notified, owner_user_id, run_id, expires_at"
             " from document_expiry_reminders")
     }
     duplicates = _rows("select document_id, threshold_days, count(*)"
@@ -102,10 +113,12 @@ def _snapshot(retention_days: int) -> Snapshot:
         ))
     [(last_pruning_as_of,)] = _rows(
         "select max(as_of) from document_expiry_reminder_runs"
-        " where status in ('succeeded', 'partial')")
+        " where status in ('succeeded', 'partial', 'timed_out')")
     pruned_before = (None if last_pruning_as_of is None
                      else last_pruning_as_of.date() - timedelta(days=retention_days))
-    return Snapshot(markers, duplicates, events, pruned_before)
+    run_days = {r: a.date() for r, a in _rows(
+        "select run_id, as_of at time zone 'UTC' from document_expiry_reminder_runs")}
+    return Snapshot(markers, duplicates, events, pruned_before, run_days)
 
 
 def _fail(promise: str, examples: list[Any]) -> None:
@@ -118,24 +131,24 @@ def check_structure(snap: Snapshot | None = None) -> Snapshot:
     snap = snap or snapshot()
     _fail("(a) one marker per (document, threshold)", snap.duplicate_markers)
 
-    listed = Counter((uuid.UUID(i["documentId"]), int(i["thresholdDays"]))
+    # (document, threshold, expiry date, run) of every event item, and of every notified marker
+    listed = Counter((uuid.UUID(i["documentId"]), int(i["thresholdDays"]),
+                      date.fromisoformat(i["expiresAt"]), e.run_id)
                      for e in snap.events for i in e.documents)
-    notified = {k for k, v in snap.markers.items() if v[0]}
-    _fail("(b) notified marker in exactly one event",
+    notified = {(d, t, m.expiry_day, m.run_id) for (d, t), m in snap.markers.items() if m.notified}
+    _fail("(b) notified marker in exactly one event of its run, for its expiry date",
           [(k, listed[k]) for k in notified if listed[k] != 1])
-    expiry = {(uuid.UUID(i["documentId"]), int(i["thresholdDays"])): date.fromisoformat(i["expiresAt"])
-              for e in snap.events for i in e.documents}
-    _fail("(b) event item without its notified marker",
-          sorted(k for k in set(listed) - notified
-                 if snap.pruned_before is None or expiry[k] >= snap.pruned_before))
-    same_run = []
+    unmatched = []
     for event in snap.events:
         for item in event.documents:
-            key = (uuid.UUID(item["documentId"]), int(item["thresholdDays"]))
-            marker = snap.markers.get(key)
-            if marker and (marker[1], marker[2]) != (event.owner, event.run_id):
-                same_run.append((event.id, key, marker))
-    _fail("(b) event and its markers written together (same owner, same run)", same_run)
+            document, threshold = uuid.UUID(item["documentId"]), int(item["thresholdDays"])
+            expiry = date.fromisoformat(item["expiresAt"])
+            marker = snap.markers.get((document, threshold))
+            if marker == StoredMarker(True, event.owner, event.run_id, expiry):
+                continue
+            if not _pruned_or_rearmed(snap, event, document, expiry, marker):
+                unmatched.append((event.id, document, threshold, marker))
+    _fail("(b) event item with its notified marker, same owner, same run", unmatched)
 
     _fail("(c) no empty event", [e.id for e in snap.events if not e.documents])
     _fail("(c) a document once per event",
@@ -144,6 +157,22 @@ def check_structure(snap: Snapshot | None = None) -> Snapshot:
     per_day = Counter((e.owner, e.reminded_on) for e in snap.events)
     _fail("(c) one event per owner per as-of day", [k for k, n in per_day.items() if n > 1])
     return snap
+
+
+def _pruned_or_rearmed(snap: Snapshot, event: Event, document: uuid.UUID, expiry: date,
+                       marker: StoredMarker | None) -> bool:
+    """An event item whose marker is gone or changed since, legitimately: pruned (its date
+    left the retention window), or re-armed by a later day's run for a new expiry date (and
+    perhaps pruned after that, which a later item for another date of the document shows)."""
+    if snap.pruned_before is not None and expiry < snap.pruned_before:
+        return True
+    if marker is None:
+        return any(e.reminded_on > event.reminded_on and date.fromisoformat(i["expiresAt"]) != expiry
+                   for e in snap.events for i in e.documents
+                   if uuid.UUID(i["documentId"]) == document)
+    marker_day = snap.run_days.get(marker.run_id)
+    return marker.expiry_day != expiry or (
+        marker_day is not None and marker_day > event.reminded_on)
 
 
 def check_matches_model(model: ReferenceLedger, snap: Snapshot | None = None) -> None:
@@ -160,6 +189,23 @@ def check_matches_model(model: ReferenceLedger, snap: Snapshot | None = None) ->
            if k in got_events and got_events[k] != want_events[k]])
 
 
+OwnerState = tuple[frozenset[Any], frozenset[Any]]
+
+
+def _by_owner(owner_of: dict[uuid.UUID, uuid.UUID], markers: set[tuple[uuid.UUID, int, bool, date]],
+              events: dict[tuple[uuid.UUID, date], dict[uuid.UUID, dict[str, Any]]]
+              ) -> dict[uuid.UUID, OwnerState]:
+    """Each owner's markers and events (day, items), comparable as a whole."""
+    m: dict[uuid.UUID, set[Any]] = defaultdict(set)
+    e: dict[uuid.UUID, set[Any]] = defaultdict(set)
+    for marker in markers:
+        m[owner_of.get(marker[0], marker[0])].add(marker)
+    for (owner, day), items in events.items():
+        e[owner].add((day, json.dumps(sorted(items.values(), key=lambda i: i["documentId"]),
+                                      sort_keys=True)))
+    return {o: (frozenset(m[o]), frozenset(e[o])) for o in set(m) | set(e)}
+
+
 def check_owner_atomicity(before: ReferenceLedger, after: ReferenceLedger,
                           documents: list[RefDocument],
                           snap: Snapshot | None = None) -> dict[str, int]:
@@ -167,24 +213,11 @@ def check_owner_atomicity(before: ReferenceLedger, after: ReferenceLedger,
     either all as before the day or all as after it. Returns how many owners are in each."""
     snap = snap or snapshot()
     owner_of = {doc.id: doc.owner for doc in documents}
-
-    def by_owner(markers: set[tuple[uuid.UUID, int, bool]],
-                 events: dict[tuple[uuid.UUID, date], dict[uuid.UUID, dict[str, Any]]]
-                 ) -> dict[uuid.UUID, tuple[frozenset[Any], frozenset[Any]]]:
-        m: dict[uuid.UUID, set[Any]] = defaultdict(set)
-        e: dict[uuid.UUID, set[Any]] = defaultdict(set)
-        for marker in markers:
-            m[owner_of.get(marker[0], marker[0])].add(marker)
-        for (owner, day), items in events.items():
-            e[owner].add((day, json.dumps(sorted(items.values(), key=lambda i: i["documentId"]),
-                                          sort_keys=True)))
-        return {o: (frozenset(m[o]), frozenset(e[o])) for o in set(m) | set(e)}
-
-    got = by_owner(snap.marker_set(), snap.events_by_owner_day())
-    old = by_owner(before.marker_set(), before.events)
-    new = by_owner(after.marker_set(), after.events)
-    empty: tuple[frozenset[Any], frozenset[Any]] = (frozenset(), frozenset())
-    counts = Counter[str]()
+    got = _by_owner(owner_of, snap.marker_set(), snap.events_by_owner_day())
+    old = _by_owner(owner_of, before.marker_set(), before.events)
+    new = _by_owner(owner_of, after.marker_set(), after.events)
+    empty: OwnerState = (frozenset(), frozenset())
+    counts = Counter[str](done=0, untouched=0)
     half = []
     for owner in set(got) | set(old) | set(new):
         state = got.get(owner, empty)
@@ -194,16 +227,82 @@ def check_owner_atomicity(before: ReferenceLedger, after: ReferenceLedger,
             counts["untouched"] += 1
         else:
             half.append(owner)
+    counts["half_written"] = len(half)
     _fail("(b) no half-written owner", half)
     return dict(counts)
 
 
+def tally(snap: Snapshot, model: ReferenceLedger | None = None) -> dict[str, int]:
+    """The chaos report's figures, counted in what the worker wrote (and, given the model of
+    the clean runs, against it): `duplicated` rows written twice (markers of one (document,
+    threshold), event items of one (document, threshold, expiry), events of one owner and day);
+    `lost` markers and event items the model has that the database lacks; `unexpected` the
+    reverse. A changed field counts as lost and unexpected."""
+    # a renewed document is told again at a threshold with its new expiry: not a duplicate
+    listed = Counter((i["documentId"], int(i["thresholdDays"]), i["expiresAt"])
+                     for e in snap.events for i in e.documents)
+    per_day = Counter((e.owner, e.reminded_on) for e in snap.events)
+    figures = {"duplicated": sum(int(n) - 1 for *_, n in snap.duplicate_markers)
+               + sum(n - 1 for n in listed.values()) + sum(n - 1 for n in per_day.values())}
+    if model is not None:
+        got, want = snap.marker_set(), model.marker_set()
+        got_items = {(owner, day, json.dumps(item, sort_keys=True))
+                     for (owner, day), items in snap.events_by_owner_day().items()
+                     for item in items.values()}
+        want_items = {(owner, day, json.dumps(item, sort_keys=True))
+                      for (owner, day), items in model.events.items() for item in items.values()}
+        figures["lost"] = len(want - got) + len(want_items - got_items)
+        figures["unexpected"] = len(got - want) + len(got_items - want_items)
+    return figures
+
+
 def check_invariants(*, documents_before: str, model: ReferenceLedger | None = None,
-                     retention_days: int = 90) -> Snapshot:
+                     retention_days: int = 90, snap: Snapshot | None = None) -> Snapshot:
     """All of (a)-(e); (d) only when a model of the clean runs is given. `retention_days`: the
-    shortest retention any run used (markers older than that may have been pruned)."""
-    snap = check_structure(snapshot(retention_days))
+    shortest retention any run used (markers older than that may have been pruned). `snap`: a
+    snapshot already taken (e.g. for `tally`), checked instead of a new one."""
+    snap = check_structure(snap or snapshot(retention_days))
     if model is not None:
         check_matches_model(model, snap)
     assert documents_md5() == documents_before, "invariant (e) broken: person_documents changed"
     return snap
+
+
+def histories_of_recorded_runs(documents: list[RefDocument], thresholds: tuple[int, ...]
+                               ) -> list[ReferenceLedger]:
+    """The model after every history of days the recorded runs allow an owner: each UTC day
+    with a succeeded run, plus any of the days whose runs did not succeed (such a run did some
+    owners whole, and left the others to a retry that may fall on the next day)."""
+    runs = _rows("select as_of, status from document_expiry_reminder_runs order by started_at")
+    first_as_of: dict[date, Any] = {}
+    for as_of, _status in runs:
+        first_as_of.setdefault(as_of.date(), as_of)
+    succeeded = {as_of.date() for as_of, status in runs if status == "succeeded"}
+    optional = sorted(set(first_as_of) - succeeded)
+    histories = []
+    for chosen in range(2 ** len(optional)):
+        days = succeeded | {d for bit, d in enumerate(optional) if chosen >> bit & 1}
+        model = ReferenceLedger()
+        for day in sorted(days):
+            model.run(documents, first_as_of[day], thresholds)
+        histories.append(model)
+    return histories
+
+
+def check_matches_recorded_runs(documents: list[RefDocument], thresholds: tuple[int, ...],
+                                snap: Snapshot | None = None) -> int:
+    """(d) for cycles run on the real clock (`--loop`): every owner's markers and events are
+    those of one history the recorded runs allow (`histories_of_recorded_runs`). Returns how
+    many histories there were."""
+    snap = snap or snapshot()
+    histories = histories_of_recorded_runs(documents, thresholds)
+    assert histories, "no recorded run"
+    owner_of = {doc.id: doc.owner for doc in documents}
+    got = _by_owner(owner_of, snap.marker_set(), snap.events_by_owner_day())
+    allowed = [_by_owner(owner_of, model.marker_set(), model.events) for model in histories]
+    empty: OwnerState = (frozenset(), frozenset())
+    owners = set(got).union(*allowed)
+    _fail("(d) owner's markers and events match no history of the recorded runs",
+          sorted((o for o in owners
+                  if all(got.get(o, empty) != states.get(o, empty) for states in allowed)), key=str))
+    return len(histories)

@@ -22,6 +22,24 @@ def expiring_in(days: int, *, at: time = time(12, 0), base: date = TODAY) -> dat
     return datetime.combine(base + timedelta(days=days), at, tzinfo=UTC)
 
 
+def real_today() -> date:
+    """Today's UTC date on the clock the worker runs on (tests marked `real_clock` only)."""
+    return datetime.now(UTC).date()
+
+
+def database_now() -> datetime:
+    """The database's clock: what `now()` in the worker's SQL compares with."""
+    [(now,)] = _rows("select clock_timestamp()")
+    assert isinstance(now, datetime)
+    return now
+
+
+def run_as_ofs() -> list[datetime]:
+    """The as-of of every recorded run, oldest first."""
+    return [r[0] for r in _rows("select as_of from document_expiry_reminder_runs"
+                                " order by started_at, as_of")]
+
+
 @dataclass(frozen=True)
 class Marker:
     document_id: uuid.UUID

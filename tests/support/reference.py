@@ -7,6 +7,9 @@ Read it as the specification, one day at a time:
 - a document takes part when it is Active, not deleted, has an expiry, and its UTC expiry
   date lies from `retention` days before the as-of date to `max(thresholds)` days after;
 - `left` = UTC expiry date - UTC as-of date; a threshold `t` is reached when `left <= t`;
+- a marker counts only for the expiry date it was written for: after a renewal (or a
+  correction) the document's markers of the old date count for nothing, and the new one
+  replaces the old one for its threshold;
 - reached thresholds without a marker get one; the smallest of them is "the one to tell",
   and it is told (notified, and listed in the owner's event of the day) unless the document
   already has a marker for an even smaller threshold (it was told something more urgent);
@@ -52,10 +55,12 @@ class ReferenceLedger:
     # (owner, as-of date) -> {document id: event item}
     events: dict[tuple[uuid.UUID, date], dict[uuid.UUID, dict[str, Any]]] = field(
         default_factory=dict)
+    # markers that replaced one of another expiry date
+    rearmed: int = 0
 
     def copy(self) -> "ReferenceLedger":
         return ReferenceLedger({d: dict(m) for d, m in self.markers.items()},
-                               {k: dict(v) for k, v in self.events.items()})
+                               {k: dict(v) for k, v in self.events.items()}, self.rearmed)
 
     def run(self, documents: list[RefDocument], as_of: datetime, thresholds: tuple[int, ...],
             retention_days: int = 90, cap: int = DEFAULT_CAP) -> None:
@@ -69,25 +74,27 @@ class ReferenceLedger:
             left = (expiry_day - today).days
             if left < -retention_days or left > max(thresholds):
                 continue
-            marked = self.markers.get(doc.id, {})
+            marked = _of_day(self.markers.get(doc.id, {}), expiry_day)
             if any(t not in marked for t in thresholds if left <= t):
                 wanted[doc.owner].append((left, doc.id, doc))
         for owner, due in wanted.items():
             for left, _id, doc in sorted(due, key=lambda x: (x[0], x[1]))[:cap]:
                 self._remind(doc, owner, left, today, thresholds)
-        for marked in self.markers.values():
-            for t in [t for t, m in marked.items() if (m.expiry_day - today).days < -retention_days]:
-                del marked[t]
+        for kept in self.markers.values():
+            for t in [t for t, m in kept.items() if (m.expiry_day - today).days < -retention_days]:
+                del kept[t]
 
     def _remind(self, doc: RefDocument, owner: uuid.UUID, left: int, today: date,
                 thresholds: tuple[int, ...]) -> None:
         assert doc.expires_at is not None
         expiry_day = doc.expires_at.astimezone(UTC).date()
         marked = self.markers.setdefault(doc.id, {})
-        new = sorted(t for t in thresholds if left <= t and t not in marked)
+        current = _of_day(marked, expiry_day)
+        new = sorted(t for t in thresholds if left <= t and t not in current)
         to_tell = new[0]
-        told_more_urgent = any(t < to_tell for t in marked)
+        told_more_urgent = any(t < to_tell for t in current)
         for t in new:
+            self.rearmed += t in marked
             marked[t] = RefMarker(
                 notified=(t == to_tell and not told_more_urgent), expiry_day=expiry_day)
         if not told_more_urgent:
@@ -98,12 +105,19 @@ class ReferenceLedger:
                 "daysLeft": left,
             }
 
-    def marker_set(self) -> set[tuple[uuid.UUID, int, bool]]:
-        return {(d, t, m.notified) for d, marked in self.markers.items() for t, m in marked.items()}
+    def marker_set(self) -> set[tuple[uuid.UUID, int, bool, date]]:
+        """(document, threshold, notified, the expiry date the marker answers for)."""
+        return {(d, t, m.notified, m.expiry_day)
+                for d, marked in self.markers.items() for t, m in marked.items()}
 
     def reminders(self) -> int:
         """How many (document, threshold) reminders were notified."""
         return sum(m.notified for marked in self.markers.values() for m in marked.values())
+
+
+def _of_day(marked: dict[int, RefMarker], expiry_day: date) -> set[int]:
+    """The thresholds marked for this expiry date (markers of another date do not count)."""
+    return {t for t, m in marked.items() if m.expiry_day == expiry_day}
 
 
 def documents_from_database() -> list[RefDocument]:

@@ -6,11 +6,12 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from django.db import connection, connections
 
@@ -19,11 +20,14 @@ from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import Record
 from outbox.config import RelaySettings
 from outbox.relay import Relay
+from outbox.wakeup import Wakeup
 from reminders import events
+from tests.conftest import test_database_url
 from tests.support.db_roles import as_role
 
 TOPIC = events.TOPIC
 BASE_TIME = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
+HOLD_LOCK = 4_242_001
 
 
 @pytest.fixture
@@ -119,6 +123,32 @@ def interleaved_rows(keys: int, per_key: int) -> dict[str, list[uuid.UUID]]:
     return written
 
 
+@contextmanager
+def marking_held() -> Iterator[psycopg.Connection[Any]]:
+    """While inside, a relay that marks a row published blocks (on an advisory lock this
+    connection holds), after Kafka acknowledged the row: the window between produce and mark."""
+    with connection.cursor() as cursor:
+        cursor.execute("reset role")
+        cursor.execute(f"""
+            create function hold_outbox_mark() returns trigger language plpgsql as $$
+            begin
+                perform pg_advisory_xact_lock({HOLD_LOCK});
+                return new;
+            end $$;
+            create trigger hold_outbox_mark before update on outbox_messages for each row
+                when (old.published_at is null and new.published_at is not null)
+                execute function hold_outbox_mark();""")
+    holder = psycopg.connect(test_database_url(), autocommit=True)
+    holder.execute("select pg_advisory_lock(%s)", [HOLD_LOCK])
+    try:
+        yield holder
+    finally:
+        holder.close()  # releases the lock
+        with connection.cursor() as cursor:
+            cursor.execute("drop trigger if exists hold_outbox_mark on outbox_messages;"
+                           " drop function if exists hold_outbox_mark()")
+
+
 def outbox_state() -> list[dict[str, Any]]:
     with connection.cursor() as cursor:
         cursor.execute(
@@ -158,15 +188,17 @@ def first_seen_order(records: list[Record]) -> dict[str, list[str]]:
 class RelayThread(threading.Thread):
     """A relay running `run_loop` in its own thread, with its own connection, as the relay role."""
 
-    def __init__(self, settings: RelaySettings, **relay_options: Any) -> None:
+    def __init__(self, settings: RelaySettings, *, wakeup: Wakeup | None = None,
+                 **relay_options: Any) -> None:
         super().__init__(daemon=True)
         self.relay = Relay(settings, **relay_options)
+        self.wakeup = wakeup
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
             with as_relay():
-                self.relay.run_loop()
+                self.relay.run_loop(self.wakeup)
         except BaseException as exc:
             self.error = exc
         finally:

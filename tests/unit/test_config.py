@@ -11,7 +11,8 @@ from reminders.config import ReminderSettings, load_settings
 def test_defaults_when_nothing_is_set() -> None:
     assert load_settings({}) == ReminderSettings(
         thresholds=(30, 7, 1, 0), batch_size=500, polling_interval=timedelta(hours=24),
-        run_at_utc=time(3, 0), max_run_duration=timedelta(minutes=10), retention_days=90,
+        run_at_utc=time(3, 0), max_run_duration=timedelta(minutes=10),
+        prune_budget=timedelta(minutes=1), retention_days=90,
     )
 
 
@@ -20,11 +21,19 @@ def test_every_variable_is_read() -> None:
         "REMINDER_THRESHOLDS_DAYS": " 60, 14,3 ,0", "REMINDER_BATCH_SIZE": "1000",
         "REMINDER_POLLING_INTERVAL": "12h", "REMINDER_RUN_AT_UTC": "23:30",
         "REMINDER_MAX_RUN_DURATION": "1h30m", "REMINDER_RETENTION_DAYS": "0",
+        "REMINDER_PRUNE_BUDGET": "30s",
     })
     assert settings == ReminderSettings(
         thresholds=(60, 14, 3, 0), batch_size=1000, polling_interval=timedelta(hours=12),
         run_at_utc=time(23, 30), max_run_duration=timedelta(minutes=90), retention_days=0,
+        prune_budget=timedelta(seconds=30),
     )
+    assert settings.longest_cycle == timedelta(minutes=90, seconds=30)
+
+
+def test_liveness_limit_follows_the_polling_interval() -> None:
+    assert ReminderSettings().max_silence == timedelta(hours=26)
+    assert ReminderSettings(polling_interval=timedelta(hours=1)).max_silence == timedelta(hours=3)
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -53,6 +62,7 @@ BAD = [
     ("REMINDER_RUN_AT_UTC", "24:00", "not a valid time"),
     ("REMINDER_MAX_RUN_DURATION", "10 minutes", "duration"),
     ("REMINDER_MAX_RUN_DURATION", "0", "longer than zero"),
+    ("REMINDER_PRUNE_BUDGET", "0", "longer than zero"),
     ("REMINDER_RETENTION_DAYS", "-1", ">= 0"),
     ("REMINDER_RETENTION_DAYS", "90d", "whole number"),
 ]

@@ -1,5 +1,6 @@
 """The pure rules (docs/design.md §3.2), exhaustively and by property."""
 
+from collections.abc import Callable, Iterable
 from datetime import UTC, date, datetime, timedelta, timezone
 
 import pytest
@@ -34,18 +35,59 @@ def test_crossed_thresholds(left: int, crossed: set[int]) -> None:
     ],
 )
 def test_decide(left: int, marked: tuple[int, ...], expected: rules.Decision | None) -> None:
-    assert rules.decide(TODAY + timedelta(days=left), TODAY, DEFAULT, marked) == expected
+    expires = TODAY + timedelta(days=left)
+    assert rules.decide(expires, TODAY, DEFAULT, for_date(marked, expires)) == expected
+
+
+def for_date(thresholds: Iterable[int], expires: date) -> dict[int, date]:
+    """Markers of `thresholds`, all written for the expiry date `expires`."""
+    return dict.fromkeys(thresholds, expires)
 
 
 def test_stale_threshold_is_marked_without_notifying() -> None:
     # 14 added to the config after 7 was already sent: 14 is marked, nobody is told
-    decision = rules.decide(TODAY + timedelta(days=5), TODAY, (30, 14, 7, 1, 0), (30, 7))
+    expires = TODAY + timedelta(days=5)
+    decision = rules.decide(expires, TODAY, (30, 14, 7, 1, 0), for_date((30, 7), expires))
     assert decision == rules.Decision(markers=(14,), notify=None, days_left=5)
 
 
 def test_marker_of_a_removed_threshold_still_counts_as_more_urgent() -> None:
-    decision = rules.decide(TODAY + timedelta(days=5), TODAY, (30, 14), (1,))
+    expires = TODAY + timedelta(days=5)
+    decision = rules.decide(expires, TODAY, (30, 14), for_date((1,), expires))
     assert decision == rules.Decision(markers=(14, 30), notify=None, days_left=5)
+
+
+@pytest.mark.parametrize(
+    ("left", "shifts", "expected"),
+    [
+        # renewed: every marker is of the old date, so the new date starts afresh
+        (30, {30: -60, 7: -60, 1: -60, 0: -60},
+         rules.Decision(markers=(30,), notify=30, days_left=30, rearmed=(30,))),
+        # the stale rule reads current markers only: an old 0 does not silence the new 7
+        (5, {30: 0, 0: -60}, rules.Decision(markers=(7,), notify=7, days_left=5)),
+        (5, {30: 0, 7: -60, 0: -60},
+         rules.Decision(markers=(7,), notify=7, days_left=5, rearmed=(7,))),
+        # corrected to an earlier date after the 30-day reminder: 30 re-armed, 7 told
+        (4, {30: 26}, rules.Decision(markers=(7, 30), notify=7, days_left=4, rearmed=(30,))),
+        # a current marker of a more urgent threshold still silences (the stale rule)
+        (5, {1: 0, 30: -60},
+         rules.Decision(markers=(7, 30), notify=None, days_left=5, rearmed=(30,))),
+        (5, {30: 0, 7: 0, 1: -60}, None),
+    ],
+)
+def test_only_markers_of_the_current_expiry_date_count(
+    left: int, shifts: dict[int, int], expected: rules.Decision | None
+) -> None:
+    """`shifts`: threshold -> its marker's expiry date minus the current one (0: current)."""
+    expires = TODAY + timedelta(days=left)
+    markers = {t: expires + timedelta(days=shift) for t, shift in shifts.items()}
+    assert rules.decide(expires, TODAY, DEFAULT, markers) == expected
+
+
+def test_current_markers() -> None:
+    new, old = TODAY, TODAY - timedelta(days=1)
+    assert rules.current_markers({30: new, 7: old, 1: new}, new) == {30, 1}
+    assert rules.current_markers({}, new) == frozenset()
 
 
 def test_utc_date_of_an_instant_in_another_offset() -> None:
@@ -69,9 +111,14 @@ thresholds_st = st.lists(st.integers(0, 60), min_size=1, max_size=6, unique=True
 
 
 @given(left=st.integers(-200, 200), thresholds=thresholds_st,
-       marked=st.sets(st.integers(0, 60), max_size=6))
-def test_decision_properties(left: int, thresholds: tuple[int, ...], marked: set[int]) -> None:
-    decision = rules.decide(TODAY + timedelta(days=left), TODAY, thresholds, marked)
+       shifts=st.dictionaries(st.integers(0, 60), st.sampled_from([0, 0, -90, -1, 1, 45]),
+                              max_size=6))
+def test_decision_properties(left: int, thresholds: tuple[int, ...],
+                             shifts: dict[int, int]) -> None:
+    expires = TODAY + timedelta(days=left)
+    markers = {t: expires + timedelta(days=shift) for t, shift in shifts.items()}
+    decision = rules.decide(expires, TODAY, thresholds, markers)
+    marked = {t for t, shift in shifts.items() if shift == 0}  # of the current date only
     crossed = {t for t in thresholds if left <= t}
     remaining = crossed - marked
     if not remaining:
@@ -80,6 +127,7 @@ def test_decision_properties(left: int, thresholds: tuple[int, ...], marked: set
     assert decision is not None
     assert set(decision.markers) == remaining  # every remaining threshold, nothing else
     assert list(decision.markers) == sorted(decision.markers)
+    assert set(decision.rearmed) == remaining & (set(shifts) - marked)  # replaced in place
     if decision.notify is None:
         assert any(m < min(remaining) for m in marked)  # silent only for the stale rule
     else:
@@ -93,15 +141,45 @@ def test_daily_runs_notify_each_threshold_at_most_once(thresholds: tuple[int, ..
     """Walking a document from `start` days out to 100 days past: every threshold is marked
     exactly once, and every notification is more urgent than the one before."""
     expires = TODAY + timedelta(days=start)
-    marked: set[int] = set()
+    markers: dict[int, date] = {}
     notified: list[int] = []
     for offset in range(0, start + 101):
-        decision = rules.decide(expires, TODAY + timedelta(days=offset), thresholds, marked)
+        decision = rules.decide(expires, TODAY + timedelta(days=offset), thresholds, markers)
         if decision:
-            assert not marked & set(decision.markers)
-            marked |= set(decision.markers)
+            assert not markers.keys() & set(decision.markers) and not decision.rearmed
+            markers |= dict.fromkeys(decision.markers, expires)
             if decision.notify is not None:
                 notified.append(decision.notify)
-    assert marked == set(thresholds)  # by 100 days past expiry every threshold has passed
+    assert set(markers) == set(thresholds)  # by 100 days past expiry every threshold has passed
     assert notified == sorted(notified, reverse=True) and len(set(notified)) == len(notified)
     assert notified and notified[-1] == min(thresholds)
+
+
+def _walk(thresholds: tuple[int, ...], expiry_on: Callable[[int], date], days: range,
+          markers: dict[int, date]) -> list[tuple[int, int | None, tuple[int, ...]]]:
+    """Daily decisions from day `days.start`: (day, notified, marked), markers kept as the
+    claim keeps them (a new date replaces the old one in place)."""
+    walked = []
+    for offset in days:
+        expires = expiry_on(offset)
+        decision = rules.decide(expires, TODAY + timedelta(days=offset), thresholds, markers)
+        if decision:
+            markers |= dict.fromkeys(decision.markers, expires)
+            walked.append((offset, decision.notify, decision.markers))
+    return walked
+
+
+@given(thresholds=thresholds_st, start=st.integers(-50, 80), change_on=st.integers(0, 150),
+       shift=st.integers(-120, 400).filter(lambda s: s != 0))
+def test_after_an_expiry_change_a_document_is_reminded_as_a_fresh_one(
+    thresholds: tuple[int, ...], start: int, change_on: int, shift: int
+) -> None:
+    """Renewed (or corrected) on day `change_on` by `shift` days: from that day on, its
+    reminders are exactly those of a document that never had a marker."""
+    first, second = TODAY + timedelta(days=start), TODAY + timedelta(days=start + shift)
+    markers: dict[int, date] = {}
+    _walk(thresholds, lambda _d: first, range(change_on), markers)
+    days = range(change_on, max(change_on, start + shift) + 101)
+    after = _walk(thresholds, lambda _d: second, days, markers)
+    assert after == _walk(thresholds, lambda _d: second, days, {})
+    assert set(markers.values()) == {second}  # every marker now answers for the new date

@@ -27,8 +27,8 @@ def test_hourly_ticks_are_anchored_on_run_at() -> None:
 
 
 def test_a_missed_tick_runs_at_once() -> None:
-    now = utc(2026, 11, 29, 14, 0)
-    assert schedule.tick_missed(None, now, AT_3, DAY)  # never ran
-    assert schedule.tick_missed(utc(2026, 11, 28, 3, 0), now, AT_3, DAY)  # down since yesterday
-    assert not schedule.tick_missed(utc(2026, 11, 29, 3, 0, 5), now, AT_3, DAY)
-    assert not schedule.tick_missed(utc(2026, 11, 29, 3, 0), now, AT_3, DAY)
+    tick = schedule.previous_tick(utc(2026, 11, 29, 14, 0), AT_3, DAY)
+    assert schedule.tick_missed(None, tick)  # never ran
+    assert schedule.tick_missed(utc(2026, 11, 28, 3, 0), tick)  # down since yesterday
+    assert not schedule.tick_missed(utc(2026, 11, 29, 3, 0), tick)
+    assert not schedule.tick_missed(utc(2026, 11, 30, 3, 0), tick)  # another instance is ahead

@@ -7,6 +7,7 @@ from typing import Any
 from core.commands import ProjectCommand
 from devtools.topic import read_topic
 from outbox.config import load_relay_settings
+from outbox.kafka import security_config
 from reminders import events
 
 
@@ -14,7 +15,8 @@ class Command(ProjectCommand):
     help = (
         "Read the reminder topic from its start (a fresh consumer group, nothing committed) and "
         "print each event: owner, documents, thresholds; never number masks. Uses "
-        "KAFKA_BOOTSTRAP_SERVERS. Exit codes: 0 done, 2 bad configuration."
+        "KAFKA_BOOTSTRAP_SERVERS and the relay's KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_* and "
+        "KAFKA_SSL_* settings. Exit codes: 0 done, 2 bad configuration."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -23,7 +25,8 @@ class Command(ProjectCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = load_relay_settings(os.environ)
-        records = read_topic(settings.bootstrap_servers, options["topic"])
+        records = read_topic(settings.bootstrap_servers, options["topic"],
+                             security=security_config(settings.security))
         self.stdout.write(f"topic {options['topic']}: {len(records)} event(s) consumed")
         for record in records[: options["limit"]]:
             body = record.json()

@@ -14,7 +14,7 @@ from core.config import parse_positive_int
 from core.db import DatabaseErrors
 from core.health import Heartbeat, database_ready
 from core.ops_server import Probes, ops_server_from_env
-from outbox import store
+from outbox import kafka, store
 from outbox.config import RelaySettings, load_relay_settings, validate
 from outbox.relay import Relay, RelayStats
 
@@ -24,12 +24,15 @@ HEARTBEAT_MIN = timedelta(minutes=5)
 
 class Command(ProjectCommand):
     help = (
-        "Publish outbox rows to Kafka (KAFKA_BOOTSTRAP_SERVERS), at least once and in order per "
-        "key, then delete published rows older than OUTBOX_RETENTION. One pass by default: "
-        "publish what is deliverable now and exit; --loop runs until SIGTERM/SIGINT, woken by "
-        "new rows (LISTEN/NOTIFY) or every OUTBOX_POLL_INTERVAL. Exit codes: 0 done (or "
-        "stopped by a signal), 1 not everything went out (broker unavailable, messages failed "
-        "or parked, database lost; nothing is lost, run again), 2 bad configuration or usage."
+        "Publish outbox rows to Kafka (KAFKA_BOOTSTRAP_SERVERS; TLS and SASL from "
+        "KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_*, KAFKA_SSL_*; more librdkafka properties from "
+        "KAFKA_PRODUCER_CONFIG), at least once and in order per key, then delete published "
+        "rows older than OUTBOX_RETENTION. One pass by default: publish what is deliverable now "
+        "and exit; --loop runs until SIGTERM/SIGINT, woken by new rows (LISTEN/NOTIFY) or every "
+        "OUTBOX_POLL_INTERVAL. Exit codes: 0 done (or stopped by a signal), 1 not everything "
+        "went out (broker unavailable, messages failed or parked, database lost; nothing is "
+        "lost, run again) or the broker refused the credentials or TLS handshake (also with "
+        "--loop), 2 bad configuration or usage."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -40,18 +43,24 @@ class Command(ProjectCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = load_relay_settings(os.environ)
+        kafka.check_producer_config(settings)  # librdkafka's own check, offline: exit 2 too
         if options["batch_size"] is not None:
             settings = settings.with_overrides(
                 batch_size=parse_positive_int("--batch-size", options["batch_size"]))
             validate(settings)
         with stop_on_signals() as stop:
             if options["loop"]:
-                self._loop(settings, stop)
+                try:
+                    self._loop(settings, stop)
+                except kafka.KafkaRefusedError as exc:
+                    raise CommandError(str(exc), returncode=EXIT_FAILED) from None
                 return
             relay = Relay(settings, stop=stop)
             try:
                 stats = relay.run_pass()
                 backlog = store.backlog(relay.using)
+            except kafka.KafkaRefusedError as exc:
+                raise CommandError(str(exc), returncode=EXIT_FAILED) from None
             except DatabaseErrors as exc:
                 raise CommandError(f"database error: {type(exc).__name__}: {exc}".strip(),
                                    returncode=EXIT_FAILED) from None

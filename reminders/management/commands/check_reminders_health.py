@@ -10,7 +10,7 @@ from core.commands import EXIT_FAILED, ProjectCommand
 from core.config import parse_duration
 from core.db import DatabaseErrors
 from reminders.config import load_settings
-from reminders.health import MAX_SILENCE, liveness_from_history
+from reminders.health import liveness_from_history
 
 EXIT_UNHEALTHY = EXIT_FAILED
 EXIT_DATABASE_UNAVAILABLE = 3
@@ -19,21 +19,23 @@ EXIT_DATABASE_UNAVAILABLE = 3
 class Command(ProjectCommand):
     help = (
         "Check from the run history that a cycle (of any instance) succeeded within "
-        "--max-silence (default 26h) and that no cycle is stuck past REMINDER_MAX_RUN_DURATION "
-        "plus a grace. Exit codes: 0 healthy, 1 unhealthy, 2 bad configuration or usage, "
-        "3 database unavailable."
+        "--max-silence (default REMINDER_POLLING_INTERVAL plus 2h: 26h at the default 24h) and "
+        "that no cycle is stuck past REMINDER_MAX_RUN_DURATION "
+        "plus REMINDER_PRUNE_BUDGET plus a grace. Exit codes: 0 healthy, 1 unhealthy, 2 bad "
+        "configuration or usage, 3 database unavailable."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--max-silence", metavar="DURATION", default=None,
-                            help="longest acceptable time since a successful cycle (26h)")
+                            help="longest acceptable time since a successful cycle "
+                                 "(default: REMINDER_POLLING_INTERVAL plus 2h)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = load_settings(os.environ)
-        max_silence = (MAX_SILENCE if options["max_silence"] is None
+        max_silence = (settings.max_silence if options["max_silence"] is None
                        else parse_duration("--max-silence", options["max_silence"]))
         try:
-            verdict = liveness_from_history(max_run_duration=settings.max_run_duration,
+            verdict = liveness_from_history(max_run_duration=settings.longest_cycle,
                                             max_silence=max_silence)
         except DatabaseErrors as exc:
             raise CommandError(f"database unavailable: {type(exc).__name__}",

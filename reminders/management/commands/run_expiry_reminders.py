@@ -92,6 +92,7 @@ class Command(ProjectCommand):
             f"  reminders sent           {result.reminders_sent}",
             f"  owners notified          {result.owners_notified}",
             f"  markers written          {result.markers_written}",
+            f"  markers re-armed         {result.markers_rearmed}",
             f"  skipped already marked   {result.skipped_already_marked}",
             f"  pruned markers           {result.pruned}",
             f"  failed owners            {result.failed_owners}",

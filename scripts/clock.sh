@@ -1,0 +1,55 @@
+# Sourced by scripts/test.sh and scripts/test-clock.sh: the tests marked `real_clock` re-run
+# with a faked clock (Debian's libfaketime, installed when missing), so that the suite is
+# shown to pass on any day and at any hour, not only on the day it was written.
+#
+# Each scenario is one pytest run of `-m real_clock`; tests/conftest.py moves the clock of the
+# test process, and of every process it starts, to TEST_CLOCK_AT at the start of each test:
+#   23:59:58    the latest UTC 23:59:58 (the test crosses midnight)
+#   00:00:02    the latest UTC 00:00:02 (just after midnight)
+#   2028-02-29T23:59:58Z   a leap day, crossing into March
+# PostgreSQL's now() is not faked: the database keeps the real clock (see tests/conftest.py).
+CLOCK_SCENARIOS=("23:59:58" "00:00:02" "2028-02-29T23:59:58Z")
+
+faketime_ensure() {
+    if ! ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1; then
+        echo "clock.sh: installing Debian's faketime (libfaketime)" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        local sudo=()
+        if [ "$(id -u)" != 0 ]; then sudo=(sudo); fi
+        if ! "${sudo[@]}" apt-get install -y -qq --no-install-recommends faketime >/dev/null 2>&1; then
+            "${sudo[@]}" apt-get update -qq >/dev/null
+            "${sudo[@]}" apt-get install -y -qq --no-install-recommends faketime >/dev/null
+        fi
+    fi
+    FAKETIME_LIB=$(ls /usr/lib/*/faketime/libfaketimeMT.so.1 | head -n 1)
+}
+
+# clock_scenarios [pytest args]: every scenario in turn; stops at the first that fails.
+clock_scenarios() {
+    faketime_ensure
+    local at status
+    for at in "${CLOCK_SCENARIOS[@]}"; do
+        echo "== pytest -m real_clock, the clock at $at (UTC)"
+        set +e
+        # FAKETIME holds a relative offset in seconds, re-read on every call (NO_CACHE) so
+        # that the fixture can move it. Only Python processes (pytest, the worker) are faked:
+        # chromium does not start under libfaketime. Monotonic clocks stay real for deadlines;
+        # the shim's sitecustomize works around libfaketime's failing time.sleep, and without
+        # FORCE_MONOTONIC_FIX=0 its timed waits starve Python's thread switches.
+        LD_PRELOAD="$FAKETIME_LIB${LD_PRELOAD:+:$LD_PRELOAD}" FAKETIME="+0" FAKETIME_NO_CACHE=1 \
+            FAKETIME_ONLY_CMDS=python,python3,python3.11 FAKETIME_DONT_FAKE_MONOTONIC=1 \
+            FAKETIME_FORCE_MONOTONIC_FIX=0 TEST_CLOCK_AT="$at" \
+            PYTHONPATH="$ROOT/tests/faketime_shim${PYTHONPATH:+:$PYTHONPATH}" \
+            "$VENV/bin/pytest" -m real_clock -p no:cacheprovider "$@"
+        status=$?
+        set -e
+        if [ "$status" -eq 5 ]; then
+            echo "clock.sh: no test is marked real_clock: that is a failure" >&2
+            return 1
+        fi
+        if [ "$status" -ne 0 ]; then
+            echo "clock.sh: the real_clock tests failed with the clock at $at" >&2
+            return "$status"
+        fi
+    done
+}

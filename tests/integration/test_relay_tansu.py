@@ -1,0 +1,218 @@
+"""The relay against an independent broker process: Tansu (tests/support/tansu_support.py), with the
+event contract in its schema registry so the broker itself validates every value. What
+librdkafka's in-process mock cannot show: a real socket to another process, a broker that
+validates records, and a broker that dies (SIGKILL, memory lost) and comes back on its port."""
+
+import json
+import signal
+import uuid
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.db import connection
+
+from devtools.topic import Record, read_topic
+from outbox.relay import Relay
+from reminders import events
+from tests.acceptance.test_relay_process import relay_env, start_relay
+from tests.conftest import CycleRunner
+from tests.support import chaos_report
+from tests.support.contract import assert_event_valid
+from tests.support.factories import Documents
+from tests.support.ledger import AS_OF, expiring_in
+from tests.support.relay_support import (
+    BASE_TIME,
+    RelayThread,
+    as_relay,
+    event_payload,
+    first_seen_order,
+    insert_outbox,
+    interleaved_rows,
+    outbox_state,
+    relay_settings,
+    unpublished_count,
+    wait_for,
+)
+from tests.support.tansu_support import TansuBroker, tansu_version
+
+pytestmark = pytest.mark.slow
+
+
+def test_round_trip_through_tansu_keeps_key_headers_and_the_contract(
+    run: CycleRunner, documents: Documents, tansu: TansuBroker
+) -> None:
+    for days in (29, 6, 6, 0, -2):
+        documents(expires_at=expiring_in(days))
+    shared = documents(expires_at=expiring_in(3))
+    documents(expires_at=expiring_in(1), owner_user_id=shared.owner_user_id)
+    run(AS_OF)
+    with connection.cursor() as cursor:
+        cursor.execute("select id, message_key, payload::text, headers::text, created_at"
+                       " from outbox_messages")
+        rows = {str(r[0]): r for r in cursor.fetchall()}
+    assert len(rows) == 6
+
+    with as_relay():
+        stats = Relay(relay_settings(tansu.bootstrap_servers)).run_pass()
+
+    assert stats.published == 6 and stats.failed == stats.released == 0
+    records = read_topic(tansu.bootstrap_servers)
+    assert sorted(r.message_id for r in records) == sorted(rows)
+    for record in records:
+        row_id, key, payload, headers, created_at = rows[record.message_id]
+        body = record.json()
+        assert_event_valid(body)  # and the broker validated it against the same schema
+        assert body == json.loads(payload)
+        assert record.key == key == body["ownerUserId"]
+        assert record.headers == {**json.loads(headers), "aggregate_type": events.AGGREGATE_TYPE,
+                                  "aggregate_id": key}
+        assert record.headers["message_id"] == str(row_id)
+        assert record.timestamp_ms == int(created_at.timestamp() * 1000)
+    [two_documents] = [r.json() for r in records if r.key == str(shared.owner_user_id)]
+    assert len(two_documents["documents"]) == 2
+    chaos_report.record("relay on Tansu: round trip", broker=tansu_version(), events=6,
+                        headers_checked=6 * len(records[0].headers), contract_valid=6)
+
+
+def test_tansu_refuses_an_event_that_breaks_the_contract_and_the_relay_counts_it(
+    transactional_db: None, tansu: TansuBroker
+) -> None:
+    # The broker's schema check is real: a value the contract forbids never reaches the topic.
+    insert_outbox("owner-with-a-bad-event", created_at=BASE_TIME, payload={"ownerUserId": 12})
+
+    with as_relay():
+        stats = Relay(relay_settings(tansu.bootstrap_servers, max_attempts=1)).run_pass()
+
+    assert (stats.published, stats.failed, stats.parked) == (0, 1, 1)
+    [row] = outbox_state()
+    assert row["published_at"] is None and row["parked_at"] is not None
+    assert row["last_error"].startswith("INVALID_RECORD")
+    assert read_topic(tansu.bootstrap_servers) == []
+
+
+def test_order_per_key_holds_with_two_relays_on_tansu(
+    transactional_db: None, tansu: TansuBroker
+) -> None:
+    written = interleaved_rows(keys=30, per_key=8)
+    settings = relay_settings(tansu.bootstrap_servers, batch_size=7)
+    relays = [RelayThread(settings, relay_id=f"relay-{n}") for n in (1, 2)]
+    for relay in relays:
+        relay.start()
+    try:
+        wait_for(lambda: unpublished_count() == 0, timeout=90, what="every row published")
+    finally:
+        for relay in relays:
+            relay.stop_and_join()
+
+    assert all(r.relay.stats.published > 0 for r in relays), "both relays must have worked"
+    records = read_topic(tansu.bootstrap_servers)
+    assert len(records) == 240
+    assert first_seen_order(records) == {k: [str(i) for i in ids] for k, ids in written.items()}
+    chaos_report.record("relay on Tansu: order per key, 2 relays", keys=30, rows=240,
+                        published=[r.relay.stats.published for r in relays],
+                        out_of_order_keys=0)
+
+
+def bulk_rows(keys: int, per_key: int) -> dict[str, list[uuid.UUID]]:
+    """As relay_support.interleaved_rows, in one statement (thousands of rows in a moment)."""
+    owners = [str(uuid.uuid4()) for _ in range(keys)]
+    written: dict[str, list[uuid.UUID]] = {o: [] for o in owners}
+    ids, keys_, bodies, headers, created = [], [], [], [], []
+    for seq, (round_, owner) in enumerate(
+            ((r, o) for r in range(per_key) for o in owners), start=1):
+        row_id = uuid.uuid4()
+        written[owner].append(row_id)
+        ids.append(row_id)
+        keys_.append(owner)
+        bodies.append(json.dumps(event_payload(owner, round_)))
+        headers.append(json.dumps({"message_id": str(row_id), "event_type": events.EVENT_TYPE,
+                                   "contract_version": str(events.CONTRACT_VERSION),
+                                   "correlation_id": str(uuid.uuid4())}))
+        created.append(BASE_TIME + timedelta(milliseconds=seq))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "insert into outbox_messages (id, aggregate_type, aggregate_id, event_type,"
+            " contract_version, topic, message_key, payload, headers, created_at)"
+            " select i, %s, k, %s, %s, %s, k, p, h, c from unnest(%s::uuid[], %s::text[],"
+            " %s::jsonb[], %s::jsonb[], %s::timestamptz[]) as t(i, k, p, h, c)",
+            [events.AGGREGATE_TYPE, events.EVENT_TYPE, events.CONTRACT_VERSION, events.TOPIC,
+             ids, keys_, bodies, headers, created])
+    return written
+
+
+def _published_ids() -> set[str]:
+    return {str(r["id"]) for r in outbox_state() if r["published_at"] is not None}
+
+
+def _ids(records: list[Record]) -> set[str]:
+    return {r.message_id for r in records}
+
+
+def test_broker_killed_mid_pass_and_restarted_nothing_unacknowledged_is_marked(
+    transactional_db: None, tansu: TansuBroker, tmp_path: Path
+) -> None:
+    """Tansu keeps messages in memory, so its SIGKILL loses what it had: the check is on what
+    it acknowledged. The relay is frozen (SIGSTOP) while the topic is read to its end, so that
+    everything the first broker ever acknowledged is known before it dies."""
+    written = bulk_rows(keys=100, per_key=30)
+    total = 3_000
+    log = tmp_path / "relay.log"
+    env = relay_env(tansu.bootstrap_servers, OUTBOX_BATCH_SIZE="25", OUTBOX_LINGER="20ms",
+                    LOG_LEVEL="INFO")
+    relay = start_relay(env, "--loop", log=log)
+    try:
+        wait_for(lambda: total - unpublished_count() >= 600, timeout=90,
+                 what="a fifth of the rows published")
+        relay.send_signal(signal.SIGSTOP)
+        marked_at_stop = _published_ids()
+        acknowledged_before = _ids(read_topic(tansu.bootstrap_servers, timeout=60))
+        assert marked_at_stop <= acknowledged_before, "marked before the broker acknowledged"
+        assert len(acknowledged_before) < total, "the pass must be cut in the middle"
+
+        tansu.kill()
+        relay.send_signal(signal.SIGCONT)
+        wait_for(lambda: "broker unavailable, backing off" in log.read_text(), timeout=60,
+                 what="the relay to back off while the broker is dead")
+        marked_while_down = _published_ids()
+        # Only what the dead broker had acknowledged may have been marked meanwhile.
+        assert marked_while_down <= acknowledged_before
+
+        tansu.start()  # same port, empty memory
+        wait_for(lambda: unpublished_count() == 0, timeout=120, what="every row published")
+    finally:
+        if relay.poll() is None:
+            relay.send_signal(signal.SIGCONT)
+            relay.send_signal(signal.SIGTERM)
+        relay.communicate(timeout=60)
+    assert relay.returncode == 0, log.read_text()[-3000:]
+
+    after = read_topic(tansu.bootstrap_servers, timeout=60)
+    delivered_after = _ids(after)
+    everything = {str(i) for ids in written.values() for i in ids}
+    assert acknowledged_before | delivered_after == everything, "a row was marked but never sent"
+    assert everything - acknowledged_before <= delivered_after
+    # Per key: a prefix the first broker acknowledged, then the rest, in order, on the second.
+    order_after = first_seen_order(after)
+    for key, ids in written.items():
+        ids_s = [str(i) for i in ids]
+        resent = [i for i in ids_s if i in delivered_after]
+        assert order_after.get(key, []) == resent
+        if resent:
+            assert set(ids_s[: ids_s.index(resent[0])]) <= acknowledged_before
+    # The broker's death is not the messages' fault: no attempt counted, no error kept.
+    assert {(r["attempts"], r["last_error"]) for r in outbox_state()} == {(1, None)}
+    lines = log.read_text().splitlines()
+    client_errors = [ln for ln in lines if '"kafka client error"' in ln]
+    assert len(client_errors) <= 20, "librdkafka's errors flooded the log"
+    copies = Counter(r.message_id for r in after)
+    chaos_report.record(
+        "relay on Tansu: broker SIGKILLed mid-pass, restarted on its port", rows=total,
+        acknowledged_by_first_broker=len(acknowledged_before), marked_when_frozen=len(marked_at_stop),
+        marked_while_down=len(marked_while_down), delivered_by_second=len(delivered_after),
+        sent_twice=len(acknowledged_before & delivered_after),
+        duplicates_on_second=sum(n - 1 for n in copies.values()),
+        producer_replaced=sum('"producer failed fatally' in ln for ln in lines),
+        backoffs=sum('"broker unavailable, backing off"' in ln for ln in lines),
+        client_error_lines=len(client_errors), unacknowledged_marked=0)
