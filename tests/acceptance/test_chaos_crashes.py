@@ -1,11 +1,11 @@
 """Crashes: SIGKILL the worker at seeded random moments of a cycle, restart it each time, then
-let a run finish the day; three days in a row, the ledger and the outbox emptied in between.
-After every kill no owner is half-written; after each finished day the ledger and the outbox
-are exactly what one uninterrupted run would have left.
+let a run finish the day; the same day three times over, the ledger and the outbox emptied in
+between. After every kill no owner is half-written; after each finished day the ledger and
+the outbox are exactly what one uninterrupted run would have left.
 
-Every moment is exercised on every day: a kill in start-up (before the cycle starts), one
-right after the cycle started (the census, the first batches), and kills mid-cycle, each after
-the killed run committed owners of its own and before the day was done."""
+Every moment is exercised each time: a kill in start-up (before the cycle starts), one right
+after the cycle started (the census, the first batches), and kills mid-cycle, each after the
+killed run committed owners of its own and before the day was done."""
 
 import random
 import signal
@@ -29,7 +29,7 @@ from tests.support.invariants import (
 from tests.support.ledger import day
 from tests.support.reference import ReferenceLedger, documents_from_database
 
-DAYS = 3
+DAYS = 3  # rounds of the same as-of day
 KILLS_PER_DAY = 7  # one in start-up, one as the cycle starts, five mid-cycle
 DOCUMENTS = 3_000  # about 950 owners a day: three whole days stay cheap
 SEED = 20261129

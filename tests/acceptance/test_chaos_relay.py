@@ -27,7 +27,7 @@ from tests.support.factories import Documents
 from tests.support.invariants import check_invariants, documents_md5, snapshot, tally
 from tests.support.ledger import day
 from tests.support.reference import ReferenceLedger, documents_from_database
-from tests.support.relay_support import first_seen_order, marking_held
+from tests.support.relay_support import HOLD_LOCK, first_seen_order, marking_held
 
 WORKERS = 4
 RELAYS = 2
@@ -76,9 +76,11 @@ def claimed_by(relay: str) -> int:
 
 
 def relays_waiting_on_their_mark() -> int:
-    return int(scalar("select count(*) from pg_stat_activity where usename = %s and datname = %s"
-                      " and wait_event_type = 'Lock' and wait_event = 'advisory'",
-                      (RELAY_ROLE, connection.settings_dict["NAME"])))
+    """Relay sessions on the test database that wait on `marking_held`'s lock."""
+    return int(scalar("select count(*) from pg_locks l join pg_stat_activity a using (pid)"
+                      " where not l.granted and l.locktype = 'advisory' and l.classid = 0"
+                      " and l.objid = %s and a.usename = %s and a.datname = %s",
+                      (HOLD_LOCK, RELAY_ROLE, connection.settings_dict["NAME"])))
 
 
 def race(as_of_offset: int) -> None:
@@ -111,13 +113,14 @@ def test_workers_and_relays_racing_through_a_broker_outage_and_a_sigterm_lose_no
         assert waiting > 0  # the rows wait for the broker
         # The broker comes back; each relay's marks wait on a lock this test holds, so the
         # first relay is stopped with SIGTERM while its batch is claimed, produced and not marked.
-        stopped = relay_id(logs[0])
+        stopped, other = relay_id(logs[0]), relay_id(logs[1])
         with marking_held():
             kafka.set_up()
             wait_until(lambda: relays_waiting_on_their_mark() >= RELAYS, timeout=120,
                        what="both relays to wait on their mark")
             claimed_at_sigterm = claimed_by(stopped)
-            assert claimed_at_sigterm > 0
+            # Both relays hold a batch at once: they relay side by side, neither idles.
+            assert claimed_at_sigterm > 0 and claimed_by(other) > 0
             relays[0].send_signal(signal.SIGTERM)
             wait_until(lambda: bool(logged(logs[0], "stop requested")), timeout=30,
                        what="the relay to take the signal with its batch in flight")
