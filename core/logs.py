@@ -15,6 +15,7 @@ import copy
 import json
 import logging
 import queue
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
@@ -22,7 +23,17 @@ from logging.handlers import QueueHandler, QueueListener
 from typing import Any
 
 _FIELDS = "fields"
-_ITEMS = "items"
+# log_events: the field holding the per-line fields (kept among the record's fields, so that
+# whoever inspects the record, a test's log capture say, sees every item).
+_EACH = "each"
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def leave_stop_signals_to_the_main_thread() -> None:
+    """Block SIGINT and SIGTERM in the calling (helper) thread: the kernel then delivers them
+    to the main thread, the only one where Python runs signal handlers; one delivered to a
+    helper thread would leave a main thread asleep in a wait unaware of it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
 
 
 def log_event(
@@ -40,7 +51,7 @@ def log_events(
     """Log `event` once per item, with `fields` and the item's own fields, as one record: the
     formatter writes a line per item (on the logging thread, with QueuedStderrHandler)."""
     if items and logger.isEnabledFor(level):
-        logger.log(level, event, extra={_FIELDS: fields, _ITEMS: items}, stacklevel=2)
+        logger.log(level, event, extra={_FIELDS: {**fields, _EACH: items}}, stacklevel=2)
 
 
 def _jsonable(value: Any) -> Any:
@@ -64,9 +75,9 @@ class StructuredFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         fields: dict[str, Any] = getattr(record, _FIELDS, {})
-        items: Sequence[Mapping[str, Any]] | None = getattr(record, _ITEMS, None)
-        if items is not None:  # log_events: a line per item
-            return "\n".join(self._format(record, {**fields, **item}) for item in items)
+        if _EACH in fields:  # log_events: a line per item
+            common = {k: v for k, v in fields.items() if k != _EACH}
+            return "\n".join(self._format(record, {**common, **item}) for item in fields[_EACH])
         return self._format(record, fields)
 
     def _format(self, record: logging.LogRecord, fields: Mapping[str, Any]) -> str:
@@ -97,6 +108,10 @@ class StructuredFormatter(logging.Formatter):
 
 
 class _Listener(QueueListener):
+    def _monitor(self) -> None:
+        leave_stop_signals_to_the_main_thread()
+        super()._monitor()  # type: ignore[misc]
+
     def enqueue_sentinel(self) -> None:
         self.queue.put(self._sentinel)  # type: ignore[attr-defined]  # waits for room, never drops the stop
 
