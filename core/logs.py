@@ -17,7 +17,7 @@ import logging
 import queue
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from logging.handlers import QueueHandler, QueueListener
 from typing import Any
@@ -74,11 +74,17 @@ class StructuredFormatter(logging.Formatter):
         self.as_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
 
     def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(self.lines(record))
+
+    def lines(self, record: logging.LogRecord) -> Iterator[str]:
+        """The record's lines: one, or one per item of a `log_events` record."""
         fields: dict[str, Any] = getattr(record, _FIELDS, {})
-        if _EACH in fields:  # log_events: a line per item
-            common = {k: v for k, v in fields.items() if k != _EACH}
-            return "\n".join(self._format(record, {**common, **item}) for item in fields[_EACH])
-        return self._format(record, fields)
+        if _EACH not in fields:
+            yield self._format(record, fields)
+            return
+        common = {k: v for k, v in fields.items() if k != _EACH}
+        for item in fields[_EACH]:
+            yield self._format(record, {**common, **item})
 
     def _format(self, record: logging.LogRecord, fields: Mapping[str, Any]) -> str:
         when = datetime.fromtimestamp(record.created, tz=UTC)
@@ -107,6 +113,23 @@ class StructuredFormatter(logging.Formatter):
         return record.exc_text or None
 
 
+class _LineByLineHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes a record line by line: stderr is line-buffered, so each line's write releases
+    the GIL, and the worker's main thread never waits long for it behind a batch's lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        formatter = self.formatter
+        if not isinstance(formatter, StructuredFormatter):
+            super().emit(record)
+            return
+        try:
+            for line in formatter.lines(record):
+                self.stream.write(line + self.terminator)
+            self.flush()
+        except Exception:
+            self.handleError(record)
+
+
 class _Listener(QueueListener):
     def _monitor(self) -> None:
         leave_stop_signals_to_the_main_thread()
@@ -126,7 +149,7 @@ class QueuedStderrHandler(QueueHandler):
 
     def __init__(self, fmt: str = "auto", backlog: int = 10_000) -> None:
         super().__init__(queue.Queue(maxsize=backlog))
-        stream = logging.StreamHandler()
+        stream = _LineByLineHandler()
         stream.setFormatter(StructuredFormatter(fmt))
         self.listener = _Listener(self.queue, stream)
         self.listener.start()
