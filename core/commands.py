@@ -16,7 +16,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from core.config import ConfigError
-from core.logs import log_event
+from core.logs import leave_stop_signals_to_the_main_thread, log_event
 
 logger = logging.getLogger("core.commands")
 
@@ -49,16 +49,28 @@ class ProjectCommand(BaseCommand):
 def stop_on_signals() -> Iterator[threading.Event]:
     """Install the handlers for the duration of the block; yield the stop event they set."""
     stop = threading.Event()
+    wake = threading.Event()
+    received: list[str] = []
     previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
 
     def handle(signum: int, _frame: FrameType | None) -> None:
+        received.append(signal.Signals(signum).name)
         stop.set()
+        wake.set()
         # The next signal gets the default behaviour: an operator can still kill a stuck stop.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        log_event(logger, logging.WARNING, "stop requested",
-                  signal=signal.Signals(signum).name)
 
+    def announce() -> None:
+        # Logged here, not in the handler: the handler may interrupt the main thread while it
+        # holds the logging queue's lock, and logging from it there would deadlock.
+        leave_stop_signals_to_the_main_thread()
+        wake.wait()
+        if received:
+            log_event(logger, logging.WARNING, "stop requested", signal=received[0])
+
+    announcer = threading.Thread(target=announce, name="stop-announcer", daemon=True)
+    announcer.start()
     for sig in _SIGNALS:
         signal.signal(sig, handle)
     try:
@@ -66,3 +78,5 @@ def stop_on_signals() -> Iterator[threading.Event]:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        wake.set()
+        announcer.join(timeout=5)

@@ -15,14 +15,25 @@ import copy
 import json
 import logging
 import queue
+import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from logging.handlers import QueueHandler, QueueListener
 from typing import Any
 
 _FIELDS = "fields"
-_ITEMS = "items"
+# log_events: the field holding the per-line fields (kept among the record's fields, so that
+# whoever inspects the record, a test's log capture say, sees every item).
+_EACH = "each"
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def leave_stop_signals_to_the_main_thread() -> None:
+    """Block SIGINT and SIGTERM in the calling (helper) thread: the kernel then delivers them
+    to the main thread, the only one where Python runs signal handlers; one delivered to a
+    helper thread would leave a main thread asleep in a wait unaware of it."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
 
 
 def log_event(
@@ -40,7 +51,7 @@ def log_events(
     """Log `event` once per item, with `fields` and the item's own fields, as one record: the
     formatter writes a line per item (on the logging thread, with QueuedStderrHandler)."""
     if items and logger.isEnabledFor(level):
-        logger.log(level, event, extra={_FIELDS: fields, _ITEMS: items}, stacklevel=2)
+        logger.log(level, event, extra={_FIELDS: {**fields, _EACH: items}}, stacklevel=2)
 
 
 def _jsonable(value: Any) -> Any:
@@ -63,11 +74,17 @@ class StructuredFormatter(logging.Formatter):
         self.as_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
 
     def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(self.lines(record))
+
+    def lines(self, record: logging.LogRecord) -> Iterator[str]:
+        """The record's lines: one, or one per item of a `log_events` record."""
         fields: dict[str, Any] = getattr(record, _FIELDS, {})
-        items: Sequence[Mapping[str, Any]] | None = getattr(record, _ITEMS, None)
-        if items is not None:  # log_events: a line per item
-            return "\n".join(self._format(record, {**fields, **item}) for item in items)
-        return self._format(record, fields)
+        if _EACH not in fields:
+            yield self._format(record, fields)
+            return
+        common = {k: v for k, v in fields.items() if k != _EACH}
+        for item in fields[_EACH]:
+            yield self._format(record, {**common, **item})
 
     def _format(self, record: logging.LogRecord, fields: Mapping[str, Any]) -> str:
         when = datetime.fromtimestamp(record.created, tz=UTC)
@@ -96,7 +113,28 @@ class StructuredFormatter(logging.Formatter):
         return record.exc_text or None
 
 
+class _LineByLineHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes a record line by line: stderr is line-buffered, so each line's write releases
+    the GIL, and the worker's main thread never waits long for it behind a batch's lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        formatter = self.formatter
+        if not isinstance(formatter, StructuredFormatter):
+            super().emit(record)
+            return
+        try:
+            for line in formatter.lines(record):
+                self.stream.write(line + self.terminator)
+            self.flush()
+        except Exception:
+            self.handleError(record)
+
+
 class _Listener(QueueListener):
+    def _monitor(self) -> None:
+        leave_stop_signals_to_the_main_thread()
+        super()._monitor()  # type: ignore[misc]
+
     def enqueue_sentinel(self) -> None:
         self.queue.put(self._sentinel)  # type: ignore[attr-defined]  # waits for room, never drops the stop
 
@@ -111,7 +149,7 @@ class QueuedStderrHandler(QueueHandler):
 
     def __init__(self, fmt: str = "auto", backlog: int = 10_000) -> None:
         super().__init__(queue.Queue(maxsize=backlog))
-        stream = logging.StreamHandler()
+        stream = _LineByLineHandler()
         stream.setFormatter(StructuredFormatter(fmt))
         self.listener = _Listener(self.queue, stream)
         self.listener.start()

@@ -18,7 +18,7 @@ from prometheus_client.exposition import choose_encoder
 
 from core.config import ConfigError
 from core.health import Verdict
-from core.logs import log_event
+from core.logs import leave_stop_signals_to_the_main_thread, log_event
 
 logger = logging.getLogger("core.ops_server")
 
@@ -85,13 +85,16 @@ class OpsServer:
                  registry: CollectorRegistry = REGISTRY) -> None:
         server_class = _Server6 if ":" in host else _Server4
         self._httpd = server_class((host, port), _handler(registry, probes))
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="ops-server",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._serve, name="ops-server", daemon=True)
 
     @property
     def address(self) -> tuple[str, int]:
         host, port = self._httpd.server_address[:2]
         return str(host), int(port)
+
+    def _serve(self) -> None:
+        leave_stop_signals_to_the_main_thread()  # request threads inherit the mask
+        self._httpd.serve_forever()
 
     def start(self) -> "OpsServer":
         self._thread.start()
