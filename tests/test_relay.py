@@ -177,5 +177,6 @@ def test_a_looping_relay_publishes_a_new_row_on_notification_not_on_polling(
 
 def listening() -> bool:
     with connection.cursor() as cursor:
-        cursor.execute("select count(*) from pg_stat_activity where query = 'listen outbox_messages'")
+        cursor.execute("select count(*) from pg_stat_activity where query = 'listen outbox_messages'"
+                       " and datname = current_database()")
         return int(cursor.fetchone()[0]) > 0

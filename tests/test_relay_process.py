@@ -89,18 +89,21 @@ def relay_blocked_on_mark() -> bool:
     with connection.cursor() as cursor:
         cursor.execute(
             "select count(*) from pg_stat_activity where usename = %s"
+            " and datname = current_database()"
             " and wait_event_type = 'Lock' and wait_event = 'advisory'", [RELAY_ROLE])
         return int(cursor.fetchone()[0]) > 0
 
 
 def end_relay_sessions() -> None:
+    # Only this test database's: other test runs on the server have relay sessions of their own.
     with connection.cursor() as cursor:
-        cursor.execute("select pg_terminate_backend(pid) from pg_stat_activity where usename = %s",
-                       [RELAY_ROLE])
+        cursor.execute("select pg_terminate_backend(pid) from pg_stat_activity where usename = %s"
+                       " and datname = current_database()", [RELAY_ROLE])
 
     def gone() -> bool:
         with connection.cursor() as cursor:
-            cursor.execute("select count(*) from pg_stat_activity where usename = %s", [RELAY_ROLE])
+            cursor.execute("select count(*) from pg_stat_activity where usename = %s"
+                           " and datname = current_database()", [RELAY_ROLE])
             return int(cursor.fetchone()[0]) == 0
 
     wait_for(gone, timeout=30, what="the relay's sessions to end")
