@@ -343,3 +343,27 @@ def test_sasl_ssl_refused_behind_tls_and_a_looping_relay_stops_too(
     assert relay.returncode == 1, log.read_text()
     assert_refused_in_one_line(log.read_text(), expect="unknown-user")
     assert outbox_state() == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("extra", "variable"),
+    [
+        ({"KAFKA_SECURITY_PROTOCOL": "SSL", "KAFKA_SSL_CA_LOCATION": "/nonexistent/ca.pem"},
+         "KAFKA_SSL_CA_LOCATION"),
+        ({"KAFKA_PRODUCER_CONFIG": '{"enable.idempotence": false}'}, "KAFKA_PRODUCER_CONFIG"),
+        ({"KAFKA_PRODUCER_CONFIG": '{"message.timeout.ms": 600000}'}, "KAFKA_PRODUCER_CONFIG"),
+        ({**sasl(), "KAFKA_SASL_MECHANISM": "OAUTHBEARER"}, "KAFKA_SASL_MECHANISM"),
+    ],
+)
+def test_the_command_exits_2_in_one_line_naming_the_variable(
+    transactional_db: None, extra: dict[str, str], variable: str
+) -> None:
+    insert_outbox(str(uuid.uuid4()), created_at=BASE_TIME)
+
+    done = run_relay(relay_env("127.0.0.1:9092", **extra))
+
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and variable in lines[0] and PASSWORD not in lines[0]
+    assert_nothing_touched()

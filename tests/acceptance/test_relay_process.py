@@ -69,6 +69,7 @@ def relay_blocked_on_mark() -> bool:
 
 
 def end_relay_sessions() -> None:
+    # Only this test database's: other test runs on the server have relay sessions of their own.
     with connection.cursor() as cursor:
         cursor.execute(f"select pg_terminate_backend(pid) from {RELAY_SESSIONS}", [RELAY_ROLE])
 
