@@ -14,9 +14,11 @@ the batch one record, not one each.
 import copy
 import json
 import logging
+import os
 import queue
 import signal
 import sys
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from logging.handlers import QueueHandler, QueueListener
@@ -149,10 +151,21 @@ class QueuedStderrHandler(QueueHandler):
 
     def __init__(self, fmt: str = "auto", backlog: int = 10_000) -> None:
         super().__init__(queue.Queue(maxsize=backlog))
+        self._fmt, self._backlog = fmt, backlog
+        self._start_listener()
+        _QUEUED_HANDLERS.add(self)
+
+    def _start_listener(self) -> None:
         stream = _LineByLineHandler()
-        stream.setFormatter(StructuredFormatter(fmt))
+        stream.setFormatter(StructuredFormatter(self._fmt))
         self.listener = _Listener(self.queue, stream)
         self.listener.start()
+
+    def restart_after_fork(self) -> None:
+        """A forked child (gunicorn's worker) has the queue but not the thread: a fresh queue
+        and listener, so its records are written too."""
+        self.queue = queue.Queue(maxsize=self._backlog)
+        self._start_listener()
 
     def enqueue(self, record: logging.LogRecord) -> None:
         self.queue.put(record)  # type: ignore[attr-defined]
@@ -178,3 +191,14 @@ class QueuedStderrHandler(QueueHandler):
         if self.listener._thread is not None:
             self.listener.stop()  # writes what is still queued, then ends the thread
         super().close()
+
+
+_QUEUED_HANDLERS: "weakref.WeakSet[QueuedStderrHandler]" = weakref.WeakSet()
+
+
+def _restart_listeners_in_child() -> None:
+    for handler in list(_QUEUED_HANDLERS):
+        handler.restart_after_fork()
+
+
+os.register_at_fork(after_in_child=_restart_listeners_in_child)
