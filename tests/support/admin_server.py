@@ -2,6 +2,7 @@
 a subprocess on loopback, connected as the admin's own database role, serving the static
 files that collectstatic gathered (as the image does)."""
 
+import contextlib
 import json
 import re
 import secrets
@@ -80,10 +81,13 @@ class AdminServer:
 
     def _read(self) -> None:
         assert self.process.stdout is not None
-        for line in self.process.stdout:
-            with self._changed:
-                self.lines.append(line.rstrip("\n"))
-                self._changed.notify_all()
+        # stop() may close the pipe under a reader still waiting on it (a server that never
+        # started): the end of the output, not an error of its own
+        with contextlib.suppress(ValueError):
+            for line in self.process.stdout:
+                with self._changed:
+                    self.lines.append(line.rstrip("\n"))
+                    self._changed.notify_all()
         with self._changed:
             self._changed.notify_all()
 
