@@ -4,14 +4,5 @@
 # runs this after the whole suite; extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/venv.sh
-source scripts/pg.sh
-pg_ensure
-source scripts/prometheus.sh
-prometheus_ensure
-source scripts/browser.sh
-browser_ensure
-source scripts/clock.sh
-
-export DATABASE_URL="${TEST_DATABASE_URL:-$(database_url pin_profile)}"
+source scripts/test-env.sh
 clock_scenarios "$@"

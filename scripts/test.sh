@@ -11,21 +11,7 @@
 # Extra arguments go to pytest, e.g. scripts/test.sh -k cycle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/venv.sh
-source scripts/pg.sh
-pg_ensure
-source scripts/prometheus.sh
-prometheus_ensure
-
-source scripts/browser.sh
-browser_ensure
-source scripts/clock.sh
-
-source scripts/tls.sh
-tls_tools_ensure
-
-# Tests create and drop their own database (test_<name>) on this server.
-export DATABASE_URL="${TEST_DATABASE_URL:-$(database_url pin_profile)}"
+source scripts/test-env.sh
 
 echo "== ruff"
 "$VENV/bin/ruff" check .
@@ -34,7 +20,9 @@ echo "== mypy"
 echo "== import layers"
 "$VENV/bin/lint-imports"
 echo "== migrations"
-DJANGO_SETTINGS_MODULE=pin_profile.settings_dev "$VENV/bin/python" manage.py makemigrations --check --dry-run
+# Against the server's own `postgres` database: the tests' database need not exist yet.
+DATABASE_URL="$PG_ADMIN_URL" DJANGO_SETTINGS_MODULE=pin_profile.settings_dev \
+    "$VENV/bin/python" manage.py makemigrations --check --dry-run
 echo "== hadolint"
 "$VENV/bin/hadolint" --no-color docker/Dockerfile
 echo "docker/Dockerfile: no findings"
