@@ -64,6 +64,8 @@ def test_cycle_span_with_batch_children_and_traceparent_in_every_event(
     assert len(batches) == 3
     assert all(b.parent is not None and b.parent.span_id == cycle.context.span_id for b in batches)
     assert [dict(b.attributes or {})["reminders.batch.owners"] for b in batches] == [1, 1, 1]
+    assert [dict(b.attributes or {})["reminders.batch.documents"] for b in batches] == [1, 1, 1]
+    assert not [k for b in batches for k in (b.attributes or {}) if "owner_user_id" in k]
     traceparent = (f"00-{cycle.context.trace_id:032x}-{cycle.context.span_id:016x}"
                    f"-{cycle.context.trace_flags:02x}")
     headers = _headers()
