@@ -109,6 +109,7 @@ class _Received:
 
     requests: list[ExportTraceServiceRequest] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    refuse: bool = False  # answer as a collector that refuses the credentials
 
 
 class _HttpCollector(BaseHTTPRequestHandler):
@@ -121,7 +122,7 @@ class _HttpCollector(BaseHTTPRequestHandler):
         request.ParseFromString(body)
         self.server.received.headers.append({k.lower(): v for k, v in self.headers.items()})
         self.server.received.requests.append(request)
-        self.send_response(200)
+        self.send_response(401 if self.server.received.refuse else 200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -131,9 +132,9 @@ class _HttpCollector(BaseHTTPRequestHandler):
 
 
 class _HttpReceiver(HTTPServer):
-    def __init__(self) -> None:
+    def __init__(self, received: _Received) -> None:
         super().__init__(("127.0.0.1", 0), _HttpCollector)
-        self.received = _Received()
+        self.received = received
 
 
 class _GrpcCollector(trace_service_pb2_grpc.TraceServiceServicer):
@@ -144,12 +145,14 @@ class _GrpcCollector(trace_service_pb2_grpc.TraceServiceServicer):
     def Export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:
         self.received.headers.append(dict(context.invocation_metadata()))
         self.received.requests.append(request)
+        if self.received.refuse:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "credentials refused")
         return ExportTraceServiceResponse()
 
 
 @contextmanager
-def _http_receiver() -> Iterator[tuple[str, _Received]]:
-    server = _HttpReceiver()
+def _http_receiver(refuse: bool = False) -> Iterator[tuple[str, _Received]]:
+    server = _HttpReceiver(_Received(refuse=refuse))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -160,8 +163,8 @@ def _http_receiver() -> Iterator[tuple[str, _Received]]:
 
 
 @contextmanager
-def _grpc_receiver() -> Iterator[tuple[str, _Received]]:
-    received = _Received()
+def _grpc_receiver(refuse: bool = False) -> Iterator[tuple[str, _Received]]:
+    received = _Received(refuse=refuse)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_GrpcCollector(received), server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -240,6 +243,30 @@ def test_the_command_exports_spans_over_otlp(
     values = [v for value in attributes.values()
               for v in (value if isinstance(value, list) else [value])]
     assert not owners & {str(v) for v in values}
+
+
+@pytest.mark.parametrize(("protocol", "receiver"), [("grpc", _grpc_receiver),
+                                                    ("http/protobuf", _http_receiver)],
+                         ids=["grpc", "http-protobuf"])
+def test_a_collector_refusing_the_credentials_costs_the_cycle_nothing_and_shows_no_secret(
+    documents: Documents, protocol: str, receiver: Any
+) -> None:
+    documents(expires_at=expiring_in(7))
+    with receiver(refuse=True) as (endpoint, received):
+        done = subprocess.run(
+            [*manage_py(), "run_expiry_reminders", "--as-of", AS_OF.isoformat()],
+            capture_output=True, text=True, timeout=120, check=False,
+            env=_otel_free_env(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+                               OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+                               OTEL_EXPORTER_OTLP_HEADERS=f"authorization={SECRET}"),
+        )
+    assert done.returncode == 0, done.stderr
+    assert received.requests  # the spans were offered, with the credentials, and refused
+    assert {h.get("authorization") for h in received.headers} == {SECRET}
+    exporter_lines = [json.loads(line) for line in done.stderr.splitlines()
+                      if '"logger":"opentelemetry.exporter' in line]
+    assert exporter_lines and {line["level"] for line in exporter_lines} <= {"warning", "error"}
+    assert "s3cret" not in done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(("variable", "value"), [
