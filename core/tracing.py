@@ -28,8 +28,9 @@ Where we differ from the bare SDK, on purpose:
   OTEL_RESOURCE_ATTRIBUTES names one;
 - bad values exit 2 naming the variable (`ConfigError`), checked before the SDK reads them: it
   would raise a traceback for an unknown exporter or protocol, fall back silently from an
-  unknown sampler, and log a malformed OTEL_EXPORTER_OTLP_HEADERS entry verbatim, secret and
-  all. Error messages here never quote a header.
+  unknown sampler, log a malformed OTEL_EXPORTER_OTLP_HEADERS entry verbatim, secret and all,
+  and trust the system's CAs when OTEL_EXPORTER_OTLP_CERTIFICATE names no file. Error messages
+  here never quote a header.
 """
 
 import importlib.util
@@ -54,6 +55,8 @@ ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"
 # The signal's own variable first, then the general one: the order the SDK reads them in.
 PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
 HEADERS = ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS")
+TLS_FILES = tuple(f"OTEL_EXPORTER_OTLP{signal}_{kind}" for kind in
+                  ("CERTIFICATE", "CLIENT_KEY", "CLIENT_CERTIFICATE") for signal in ("_TRACES", ""))
 SAMPLER = "OTEL_TRACES_SAMPLER"
 SAMPLER_ARG = "OTEL_TRACES_SAMPLER_ARG"
 CONFIG_FILE = "OTEL_CONFIG_FILE"
@@ -113,6 +116,7 @@ def trace_exporters(environ: Mapping[str, str]) -> list[str]:
                                                f"more of {known}, comma-separated")
         exporters.append(exporter)
     _check_headers(environ)
+    _check_tls_files(environ)
     _check_sampler(environ)
     if environ.get(CONFIG_FILE) and importlib.util.find_spec("opentelemetry.configuration") is None:
         raise ConfigError(CONFIG_FILE, "declarative configuration needs the "
@@ -129,6 +133,14 @@ def _check_headers(environ: Mapping[str, str]) -> None:
             if entry and not _LIBERAL_HEADER_PATTERN.fullmatch(entry.strip()):
                 raise ConfigError(name, f"entry {position} is not name=value "
                                         "(comma-separated; the value is not shown)")
+
+
+def _check_tls_files(environ: Mapping[str, str]) -> None:
+    # The gRPC exporter logs a missing CA file and goes on with the system's roots: refuse it.
+    for name in TLS_FILES:
+        path = environ.get(name)
+        if path and not (os.path.isfile(path) and os.access(path, os.R_OK)):
+            raise ConfigError(name, f"no readable file at {path}")
 
 
 def _check_sampler(environ: Mapping[str, str]) -> None:
@@ -175,6 +187,9 @@ def configure_tracing() -> TracerProvider | None:
     environ = os.environ
     if not trace_exporters(environ):
         return None
+    current = trace.get_tracer_provider()
+    if isinstance(current, TracerProvider):  # configured already (under opentelemetry-instrument)
+        return current
     try:
         ReminderConfigurator(environ).configure()  # type: ignore[no-untyped-call]
     except RuntimeError as exc:  # what the checks above do not foresee: metrics, logs, ...

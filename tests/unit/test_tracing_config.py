@@ -2,6 +2,8 @@
 on, which exporters the SDK will build, and a one-line ConfigError naming the variable for any
 value it would refuse with a traceback, ignore, or log."""
 
+from pathlib import Path
+
 import pytest
 
 from core.config import ConfigError
@@ -54,6 +56,10 @@ ON = {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}
     ({**ON, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"},
      "OTEL_TRACES_SAMPLER_ARG", "got '2'"),
     ({**ON, "OTEL_CONFIG_FILE": "/etc/otel.yaml"}, "OTEL_CONFIG_FILE", "not installed"),
+    ({**ON, "OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem"},
+     "OTEL_EXPORTER_OTLP_CERTIFICATE", "no readable file at /nonexistent/ca.pem"),
+    ({**ON, "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY": "/"}, "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+     "no readable file at /"),
 ])
 def test_a_bad_value_names_its_variable(
     environ: dict[str, str], variable: str, problem: str
@@ -84,3 +90,10 @@ def test_a_malformed_header_is_refused_without_showing_its_value(variable: str) 
 def test_well_formed_headers_pass() -> None:
     environ = {**ON, "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer s3cret, x-tenant=pin%20a"}
     assert trace_exporters(environ) == ["otlp_proto_http"]
+
+
+def test_tls_files_that_exist_pass(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert trace_exporters({**ON, "OTEL_EXPORTER_OTLP_CERTIFICATE": str(ca),
+                            "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}) == ["otlp_proto_grpc"]
