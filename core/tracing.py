@@ -39,7 +39,7 @@ from collections.abc import Mapping, MutableMapping
 from importlib.metadata import entry_points
 
 from opentelemetry import trace
-from opentelemetry.sdk._configuration import _OTelSDKConfigurator
+from opentelemetry.sdk._configuration import _EXPORTER_BY_OTLP_PROTOCOL, _OTelSDKConfigurator
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.util.re import _DELIMITER_PATTERN, _LIBERAL_HEADER_PATTERN
@@ -61,8 +61,9 @@ SAMPLER = "OTEL_TRACES_SAMPLER"
 SAMPLER_ARG = "OTEL_TRACES_SAMPLER_ARG"
 CONFIG_FILE = "OTEL_CONFIG_FILE"
 
-# The exporter name `otlp` means one of these, by protocol (as in the SDK's configurator).
-EXPORTER_BY_PROTOCOL = {"grpc": "otlp_proto_grpc", "http/protobuf": "otlp_proto_http"}
+# The exporter name `otlp` means one of these, by protocol: the SDK configurator's own table
+# (grpc: otlp_proto_grpc, http/protobuf: otlp_proto_http).
+EXPORTER_BY_PROTOCOL: Mapping[str, str] = _EXPORTER_BY_OTLP_PROTOCOL
 _RATIO_SAMPLERS = ("traceidratio", "parentbased_traceidratio")
 
 
