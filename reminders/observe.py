@@ -107,18 +107,20 @@ class TracingObserver:
     @contextmanager
     def _batch_span(self, cycle: Cycle, owner_ids: list[uuid.UUID]) -> Iterator[Span]:
         result = cycle.result
-        documents, sent, failed = (result.documents_processed, result.reminders_sent,
-                                   result.failed_owners)
+        documents, sent, notified, failed = (result.documents_processed, result.reminders_sent,
+                                             result.owners_notified, result.failed_owners)
+        # Counts only: a batch holds hundreds of owners, and their ids made every span heavy
+        # (16 KB of OTLP at 410 owners) for what the logs' `reminder queued` lines already say.
         attributes: Attributes = {
             "correlation_id": str(result.run_id),
             "reminders.batch.owners": len(owner_ids),
-            "reminders.owner_user_ids": [str(o) for o in owner_ids],
         }
         with self.tracer.start_as_current_span(BATCH_SPAN, attributes=attributes) as span:
             yield span
             span.set_attributes({
                 "reminders.batch.documents": result.documents_processed - documents,
                 "reminders.batch.reminders_sent": result.reminders_sent - sent,
+                "reminders.batch.owners_notified": result.owners_notified - notified,
                 "reminders.batch.failed_owners": result.failed_owners - failed,
             })
 

@@ -1,21 +1,35 @@
-"""Traces: a span per cycle with the run id as correlation id, a child span per batch, and the
-cycle's traceparent in every outbox row; off by default, on with the OTEL_* variables."""
+"""Traces: a span per cycle with the run id as correlation id, a child span per batch (counts,
+no owner ids), and the cycle's traceparent in every outbox row; off by default, on with the
+standard OTEL_* variables, exported over OTLP by gRPC or HTTP to a real receiver.
+tests/unit/test_tracing_config.py checks the variables' values."""
 
 import json
+import os
 import subprocess
 import threading
 from collections.abc import Iterator
+from concurrent import futures
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
+import grpc
 import pytest
 from django.db import connection
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+from opentelemetry.proto.common.v1.common_pb2 import AnyValue
+from opentelemetry.proto.trace.v1.trace_pb2 import Span
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from typing_extensions import override
 
-from core.tracing import _exporter_names, configure_tracing
+from core.tracing import configure_tracing
 from reminders.config import ReminderSettings
 from reminders.cycle import Cycle
 from reminders.observe import BATCH_SPAN, CYCLE_SPAN, TracingObserver
@@ -64,6 +78,8 @@ def test_cycle_span_with_batch_children_and_traceparent_in_every_event(
     assert len(batches) == 3
     assert all(b.parent is not None and b.parent.span_id == cycle.context.span_id for b in batches)
     assert [dict(b.attributes or {})["reminders.batch.owners"] for b in batches] == [1, 1, 1]
+    assert [dict(b.attributes or {})["reminders.batch.documents"] for b in batches] == [1, 1, 1]
+    assert not [k for b in batches for k in (b.attributes or {}) if "owner_user_id" in k]
     traceparent = (f"00-{cycle.context.trace_id:032x}-{cycle.context.span_id:016x}"
                    f"-{cycle.context.trace_flags:02x}")
     headers = _headers()
@@ -80,34 +96,33 @@ def test_without_a_tracer_provider_no_traceparent_is_written(documents: Document
     assert "traceparent" not in headers
 
 
-@pytest.mark.parametrize(("environ", "exporters"), [
-    ({}, []),
-    ({"OTEL_TRACES_EXPORTER": "otlp"}, ["otlp"]),
-    ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, ["otlp"]),
-    ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, ["otlp"]),
-    ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, []),
-    ({"OTEL_SDK_DISABLED": "true", "OTEL_TRACES_EXPORTER": "otlp"}, []),
-    ({"OTEL_TRACES_EXPORTER": "otlp,console"}, ["otlp", "console"]),
-])
-def test_tracing_is_off_unless_the_environment_asks(
-    environ: dict[str, str], exporters: list[str]
-) -> None:
-    assert _exporter_names(environ) == exporters
+
+def test_tracing_off_configures_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in [n for n in os.environ if n.startswith("OTEL_")]:
+        monkeypatch.delenv(name)
+    assert configure_tracing() is None
 
 
-def test_tracing_off_configures_nothing() -> None:
-    assert configure_tracing({}) is None
+@dataclass
+class _Received:
+    """What a receiver got: the export requests and, for each, its headers (metadata)."""
+
+    requests: list[ExportTraceServiceRequest] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    refuse: bool = False  # answer as a collector that refuses the credentials
 
 
-class _Collector(BaseHTTPRequestHandler):
-    received: list[ExportTraceServiceRequest] = []
+class _HttpCollector(BaseHTTPRequestHandler):
+    server: "_HttpReceiver"
 
     def do_POST(self) -> None:
+        assert self.path == "/v1/traces"
         body = self.rfile.read(int(self.headers["Content-Length"]))
         request = ExportTraceServiceRequest()
         request.ParseFromString(body)
-        type(self).received.append(request)
-        self.send_response(200)
+        self.server.received.headers.append({k.lower(): v for k, v in self.headers.items()})
+        self.server.received.requests.append(request)
+        self.send_response(401 if self.server.received.refuse else 200)
         self.send_header("Content-Type", "application/x-protobuf")
         self.send_header("Content-Length", "0")
         self.end_headers()
@@ -116,31 +131,156 @@ class _Collector(BaseHTTPRequestHandler):
         pass
 
 
-def test_the_command_exports_spans_over_otlp(documents: Documents) -> None:
-    documents(expires_at=expiring_in(7))
-    collector = HTTPServer(("127.0.0.1", 0), _Collector)
-    thread = threading.Thread(target=collector.serve_forever, daemon=True)
+class _HttpReceiver(HTTPServer):
+    def __init__(self, received: _Received) -> None:
+        super().__init__(("127.0.0.1", 0), _HttpCollector)
+        self.received = received
+
+
+class _GrpcCollector(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, received: _Received) -> None:
+        self.received = received
+
+    @override
+    def Export(self, request: ExportTraceServiceRequest, context: Any) -> ExportTraceServiceResponse:
+        self.received.headers.append(dict(context.invocation_metadata()))
+        self.received.requests.append(request)
+        if self.received.refuse:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, "credentials refused")
+        return ExportTraceServiceResponse()
+
+
+@contextmanager
+def _http_receiver(refuse: bool = False) -> Iterator[tuple[str, _Received]]:
+    server = _HttpReceiver(_Received(refuse=refuse))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", server.received
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextmanager
+def _grpc_receiver(refuse: bool = False) -> Iterator[tuple[str, _Received]]:
+    received = _Received(refuse=refuse)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_GrpcCollector(received), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"http://127.0.0.1:{port}", received
+    finally:
+        server.stop(grace=None)
+
+
+def _otel_free_env(**otel: str) -> dict[str, str]:
+    env = {k: v for k, v in command_env().items() if not k.startswith("OTEL_")}
+    return {**env, **otel}
+
+
+def _value(value: AnyValue) -> object:
+    kind = value.WhichOneof("value")
+    if kind == "array_value":
+        return [_value(v) for v in value.array_value.values]
+    return getattr(value, kind) if kind else None
+
+
+def _attributes(span: Span) -> dict[str, object]:
+    return {a.key: _value(a.value) for a in span.attributes}
+
+
+SECRET = "Bearer s3cret-t0ken"  # noqa: S105 (a made-up credential, to find in no output)
+
+
+@pytest.mark.parametrize(("protocol", "receiver"), [
+    ("grpc", _grpc_receiver),
+    ("http/protobuf", _http_receiver),
+    (None, _http_receiver),  # the default: http/protobuf, the specification's
+], ids=["grpc", "http-protobuf", "default-http"])
+def test_the_command_exports_spans_over_otlp(
+    documents: Documents, protocol: str | None, receiver: Any
+) -> None:
+    owners = {str(documents(expires_at=expiring_in(7)).owner_user_id) for _ in range(3)}
+    protocol_env = {"OTEL_EXPORTER_OTLP_PROTOCOL": protocol} if protocol else {}
+    with receiver() as (endpoint, received):
         done = subprocess.run(
             [*manage_py(), "run_expiry_reminders", "--as-of", AS_OF.isoformat()],  # the data's day
-            capture_output=True, text=True, timeout=120,
-            check=False, env=command_env(
-                OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.server_address[1]}",
-                OTEL_SERVICE_NAME="reminders-under-test"),
+            capture_output=True, text=True, timeout=120, check=False,
+            env=_otel_free_env(
+                OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, **protocol_env,
+                OTEL_EXPORTER_OTLP_HEADERS=f"authorization={SECRET}",
+                OTEL_SERVICE_NAME="reminders-under-test",
+                OTEL_RESOURCE_ATTRIBUTES="deployment.environment=test"),
         )
-    finally:
-        collector.shutdown()
-        collector.server_close()
     assert done.returncode == 0, done.stderr
-    spans = [(span, resource) for request in _Collector.received
+    assert SECRET not in done.stdout + done.stderr and "s3cret" not in done.stderr
+    assert received.requests, "the receiver got no spans"
+    assert {h.get("authorization") for h in received.headers} == {SECRET}
+    spans = [(span, resource) for request in received.requests
              for resource in request.resource_spans
              for scope in resource.scope_spans for span in scope.spans]
     [(cycle, resource)] = [(s, r) for s, r in spans if s.name == CYCLE_SPAN]
-    service = {a.key: a.value.string_value for a in resource.resource.attributes}["service.name"]
-    [headers] = _headers()
-    assert service == "reminders-under-test"
-    version, trace_id, span_id, _flags = headers["traceparent"].split("-")
+    resource_attributes = {a.key: a.value.string_value for a in resource.resource.attributes}
+    assert resource_attributes["service.name"] == "reminders-under-test"
+    assert resource_attributes["deployment.environment"] == "test"
+    rows = _headers()
+    [traceparent] = {h["traceparent"] for h in rows}
+    version, trace_id, span_id, _flags = traceparent.split("-")
     assert (version, trace_id, span_id) == ("00", cycle.trace_id.hex(), cycle.span_id.hex())
-    assert {a.key: a.value.string_value for a in cycle.attributes}["correlation_id"] == \
-        headers["correlation_id"]
+    assert {_attributes(cycle)["correlation_id"]} == {h["correlation_id"] for h in rows}
+
+    [batch] = [s for s, _ in spans if s.name == BATCH_SPAN]
+    attributes = _attributes(batch)
+    assert batch.parent_span_id == cycle.span_id
+    assert {k: v for k, v in attributes.items() if k.startswith("reminders.batch.")} == {
+        "reminders.batch.owners": 3, "reminders.batch.documents": 3,
+        "reminders.batch.reminders_sent": 3, "reminders.batch.owners_notified": 3,
+        "reminders.batch.failed_owners": 0,
+    }
+    assert not [k for k in attributes if "owner_user_id" in k]
+    values = [v for value in attributes.values()
+              for v in (value if isinstance(value, list) else [value])]
+    assert not owners & {str(v) for v in values}
+
+
+@pytest.mark.parametrize(("protocol", "receiver"), [("grpc", _grpc_receiver),
+                                                    ("http/protobuf", _http_receiver)],
+                         ids=["grpc", "http-protobuf"])
+def test_a_collector_refusing_the_credentials_costs_the_cycle_nothing_and_shows_no_secret(
+    documents: Documents, protocol: str, receiver: Any
+) -> None:
+    documents(expires_at=expiring_in(7))
+    with receiver(refuse=True) as (endpoint, received):
+        done = subprocess.run(
+            [*manage_py(), "run_expiry_reminders", "--as-of", AS_OF.isoformat()],
+            capture_output=True, text=True, timeout=120, check=False,
+            env=_otel_free_env(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint,
+                               OTEL_EXPORTER_OTLP_PROTOCOL=protocol,
+                               OTEL_EXPORTER_OTLP_HEADERS=f"authorization={SECRET}"),
+        )
+    assert done.returncode == 0, done.stderr
+    assert received.requests  # the spans were offered, with the credentials, and refused
+    assert {h.get("authorization") for h in received.headers} == {SECRET}
+    exporter_lines = [json.loads(line) for line in done.stderr.splitlines()
+                      if '"logger":"opentelemetry.exporter' in line]
+    assert exporter_lines and {line["level"] for line in exporter_lines} <= {"warning", "error"}
+    assert "s3cret" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(("variable", "value"), [
+    ("OTEL_TRACES_EXPORTER", "zipkin"),
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+    ("OTEL_EXPORTER_OTLP_HEADERS", f"authorization: {SECRET}"),
+])
+def test_a_bad_otel_value_exits_2_in_one_line_naming_it(variable: str, value: str) -> None:
+    done = subprocess.run(
+        [*manage_py(), "run_expiry_reminders", "--as-of", AS_OF.isoformat()],
+        capture_output=True, text=True, timeout=120, check=False,
+        env=_otel_free_env(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9", **{variable: value}),
+    )
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.strip().splitlines()
+    assert variable in line
+    assert "s3cret" not in done.stdout + done.stderr

@@ -59,7 +59,7 @@ class Command(ProjectCommand):
 
         tracing = None
         try:
-            tracing = configure_tracing(os.environ)
+            tracing = configure_tracing()
             with stop_on_signals() as stop:
                 if options["loop"]:
                     with observed_loop(settings, os.environ, stop=stop) as run_one:
