@@ -104,9 +104,11 @@ def clipped(text: str | None, limit: int) -> SafeString:
     return format_html('<span class="clipped" title="{}">{}</span>', text, shown)
 
 
-def compact_time(instant: datetime | None) -> str:
+def compact_time(instant: datetime | None, *, seconds: bool = True) -> str:
     """An instant as a list column shows it: `2026-12-01 03:00:05` (UTC), narrow and sortable."""
-    return "" if instant is None else f"{instant.astimezone(UTC):%Y-%m-%d %H:%M:%S}"
+    if instant is None:
+        return ""
+    return f"{instant.astimezone(UTC):%Y-%m-%d %H:%M:%S}"[: None if seconds else -3]
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]

@@ -149,7 +149,7 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     def key(self, message: OutboxMessage) -> SafeString:
         return short_id(message.message_key)
 
-    @admin.display(description="run")
+    @admin.display(description="run", empty_value="")
     def run(self, message: OutboxMessage) -> SafeString:
         """The run that wrote it (the correlation id), linked to all that run's events."""
         run_id = message.headers.get("correlation_id") if isinstance(message.headers, dict) else None
@@ -162,15 +162,15 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     def created(self, message: OutboxMessage) -> str:
         return compact_time(message.created_at)
 
-    @admin.display(description="published (UTC)", ordering="published_at")
+    @admin.display(description="published (UTC)", ordering="published_at", empty_value="")
     def published(self, message: OutboxMessage) -> str:
         return compact_time(message.published_at)
 
-    @admin.display(description="last error")
+    @admin.display(description="last error", empty_value="")
     def error_preview(self, message: OutboxMessage) -> SafeString:
         return clipped(message.last_error, ERROR_PREVIEW_CHARS)
 
-    @admin.display(description="parked", ordering="parked_at")
+    @admin.display(description="parked", ordering="parked_at", empty_value="")
     def parked(self, message: OutboxMessage) -> SafeString:
         """Only what needs an operator: a parked row says so; a healthy row shows nothing."""
         if message.parked_at is None:
