@@ -6,6 +6,7 @@ import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from core.queries import QueryFile
 
@@ -22,6 +25,8 @@ QUERIES = QueryFile(Path(__file__).parent / "sql" / "admin.sql")
 
 # Up to this many rows a list is counted exactly (cheap: the count stops at the bound).
 EXACT_COUNT_LIMIT = 10_000
+# List columns show ids and texts cut to these lengths; the full value is on hover (title).
+SHORT_ID_CHARS = 8
 
 
 def planner_estimate(queryset: QuerySet[Any]) -> int:
@@ -79,6 +84,31 @@ def exact_uuid_filter(
     for name in text_fields:
         match |= Q(**{name: str(value)})
     return queryset.filter(match)
+
+
+def short_id(value: object) -> SafeString:
+    """A long id cut to its first characters for a list column; the full id on hover."""
+    if value is None:
+        return SafeString("")
+    text = str(value)
+    shown = text if len(text) <= SHORT_ID_CHARS else text[:SHORT_ID_CHARS] + "\u2026"
+    return format_html('<span class="short-id" title="{}">{}</span>', text, shown)
+
+
+def clipped(text: str | None, limit: int) -> SafeString:
+    """`text` on one line, cut to `limit` characters for a list column; the whole on hover."""
+    if not text:
+        return SafeString("")
+    one_line = " ".join(text.split())
+    shown = one_line if len(one_line) <= limit else one_line[: limit - 1] + "\u2026"
+    return format_html('<span class="clipped" title="{}">{}</span>', text, shown)
+
+
+def compact_time(instant: datetime | None, *, seconds: bool = True) -> str:
+    """An instant as a list column shows it: `2026-12-01 03:00:05` (UTC), narrow and sortable."""
+    if instant is None:
+        return ""
+    return f"{instant.astimezone(UTC):%Y-%m-%d %H:%M:%S}"[: None if seconds else -3]
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]

@@ -7,60 +7,112 @@ overwrites it.
 """
 
 import json
+from datetime import datetime
 from typing import Any
 
 from django.contrib import admin, messages
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
+from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
+from django.utils.http import urlencode
 from django.utils.safestring import SafeString
 
-from core.admin import OverviewCard, ReadOnlyAdmin, exact_uuid_filter
+from core.admin import (
+    OverviewCard,
+    ReadOnlyAdmin,
+    clipped,
+    compact_time,
+    exact_uuid_filter,
+    parse_uuid,
+    short_id,
+)
 from outbox import store as outbox_store
 from outbox.models import OutboxMessage
 
 REQUEUE_PERMISSION = "outbox.requeue_outboxmessage"
-ERROR_PREVIEW_CHARS = 80
+ERROR_PREVIEW_CHARS = 60
+CHANGELIST = "admin:outbox_outboxmessage_changelist"
 
 
 def backlog_card() -> OverviewCard:
     """The outbox's card on the admin overview: the one backlog query's numbers."""
     backlog = outbox_store.backlog("default")
-    lines = [f"unpublished, {backlog.parked} parked"]
+    lines = [f"unpublished (waiting for the relay), {backlog.parked} parked"]
     if backlog.oldest_created_at is not None:
         lines.append(f"oldest from {backlog.oldest_created_at:%Y-%m-%d %H:%M} UTC")
     return OverviewCard(
         id="overview-outbox", title="Outbox", value=backlog.unpublished, lines=tuple(lines),
-        link_url=reverse("admin:outbox_outboxmessage_changelist") + "?delivery=unpublished",
+        link_url=reverse(CHANGELIST) + "?delivery=unpublished",
         link_text="Unpublished messages",
     )
 
 
 class DeliveryStateFilter(admin.SimpleListFilter):
-    """Published, unpublished (waiting for the relay) or parked (waiting for an operator).
+    """Published; unpublished (the backlog: waiting for the relay, parked ones excluded); or
+    parked (waiting for an operator): the backlog's definitions (docs/design.md §2.4, the
+    query `outbox_backlog`), so a choice lists as many rows as the overview counts.
 
-    Parked messages are unpublished ones, so both unpublished states ride the partial index
-    ix_outbox_messages_unpublished.
+    Both unpublished states ride the partial index ix_outbox_messages_unpublished.
     """
 
     title = "delivery"
     parameter_name = "delivery"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [("published", "Published"), ("unpublished", "Unpublished"), ("parked", "Parked")]
+        return [("published", "Published"), ("unpublished", "Unpublished (waiting for the relay)"),
+                ("parked", "Parked (waiting for an operator)")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         match self.value():
             case "published":
                 return queryset.filter(published_at__isnull=False)
             case "unpublished":
-                return queryset.filter(published_at__isnull=True)
+                return queryset.filter(published_at__isnull=True, parked_at__isnull=True)
             case "parked":
                 return queryset.filter(published_at__isnull=True, parked_at__isnull=False)
             case _:
                 return queryset
+
+
+class CorrelationFilter(admin.SimpleListFilter):
+    """The events one run wrote: `?correlation_id=<run id>` (their headers carry it), as the
+    run history links to them, with the run's window in `created_at__gte` / `__lte`.
+
+    With the window, a published event is also one published since the run started, so the
+    two partial indexes (unpublished by created_at, published by published_at) find the rows
+    instead of a scan of the whole outbox.
+    """
+
+    title = "run (correlation id)"
+    parameter_name = "correlation_id"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        # No list of runs to choose from: the one asked for, so the sidebar shows it is active.
+        value = self.value()
+        return [] if value is None else [(value, f"run {value[:8]}")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value is None:
+            return queryset
+        run_id = parse_uuid(value)
+        if run_id is None:
+            return queryset.none()
+        queryset = queryset.filter(headers__correlation_id=str(run_id))
+        since = _instant(request.GET.get("created_at__gte"))
+        if since is not None:
+            queryset = queryset.filter(Q(published_at__isnull=True) | Q(published_at__gte=since))
+        return queryset
+
+
+def _instant(value: str | None) -> datetime | None:
+    try:
+        return None if value is None else parse_datetime(value)
+    except ValueError:
+        return None
 
 
 def _pretty_json(value: Any) -> SafeString:
@@ -70,9 +122,9 @@ def _pretty_json(value: Any) -> SafeString:
 
 @admin.register(OutboxMessage)
 class OutboxMessageAdmin(ReadOnlyAdmin):
-    list_display = ("event_type", "message_key", "created_at", "published_at", "attempts",
+    list_display = ("message", "event_type", "key", "run", "created", "published", "attempts",
                     "error_preview", "parked")
-    list_filter = (DeliveryStateFilter,)
+    list_filter = (DeliveryStateFilter, CorrelationFilter)
     ordering = ("-created_at",)
     search_fields = ("=id", "=message_key")
     search_help_text = "Paste a message id or an owner id (the message key), as an exact UUID."
@@ -89,14 +141,42 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
                            search_term: str) -> tuple[QuerySet[Any], bool]:
         return exact_uuid_filter(queryset, search_term, ("id",), text_fields=("message_key",)), False
 
-    @admin.display(description="last error")
-    def error_preview(self, message: OutboxMessage) -> str:
-        error = message.last_error or ""
-        return error if len(error) <= ERROR_PREVIEW_CHARS else error[: ERROR_PREVIEW_CHARS - 1] + "…"
+    @admin.display(description="message", ordering="id")
+    def message(self, message: OutboxMessage) -> SafeString:
+        return short_id(message.pk)
 
-    @admin.display(boolean=True, description="parked")
-    def parked(self, message: OutboxMessage) -> bool:
-        return message.parked_at is not None
+    @admin.display(description="key (owner)", ordering="message_key")
+    def key(self, message: OutboxMessage) -> SafeString:
+        return short_id(message.message_key)
+
+    @admin.display(description="run", empty_value="")
+    def run(self, message: OutboxMessage) -> SafeString:
+        """The run that wrote it (the correlation id), linked to all that run's events."""
+        run_id = message.headers.get("correlation_id") if isinstance(message.headers, dict) else None
+        if not run_id:
+            return SafeString("")
+        url = reverse(CHANGELIST) + "?" + urlencode({"correlation_id": run_id})
+        return format_html('<a href="{}">{}</a>', url, short_id(run_id))
+
+    @admin.display(description="created (UTC)", ordering="created_at")
+    def created(self, message: OutboxMessage) -> str:
+        return compact_time(message.created_at)
+
+    @admin.display(description="published (UTC)", ordering="published_at", empty_value="")
+    def published(self, message: OutboxMessage) -> str:
+        return compact_time(message.published_at)
+
+    @admin.display(description="last error", empty_value="")
+    def error_preview(self, message: OutboxMessage) -> SafeString:
+        return clipped(message.last_error, ERROR_PREVIEW_CHARS)
+
+    @admin.display(description="parked", ordering="parked_at", empty_value="")
+    def parked(self, message: OutboxMessage) -> SafeString:
+        """Only what needs an operator: a parked row says so; a healthy row shows nothing."""
+        if message.parked_at is None:
+            return SafeString("")
+        return format_html('<span class="attention" title="parked at {} UTC">parked</span>',
+                           compact_time(message.parked_at))
 
     @admin.display(description="payload")
     def payload_json(self, message: OutboxMessage) -> SafeString:

@@ -7,6 +7,11 @@ METRICS_ADDR (pin_profile/gunicorn_conf.py), never on the admin's public port.
 from django.contrib import admin
 from django.urls import path
 
+# There is no site beside the admin ("View site" led to a 404), and the lists need the width
+# the navigation sidebar took (the breadcrumbs and the index lead everywhere it did).
+admin.site.site_url = None
+admin.site.enable_nav_sidebar = False
+
 urlpatterns = [
     path("admin/", admin.site.urls),
 ]

@@ -103,14 +103,39 @@ class Chart:
     total: int
 
 
-def nice_ceiling(value: int) -> int:
-    """The smallest of 1, 2, 5 x 10^n that is >= value (a round top for the y axis)."""
-    step = 1
+# Steps of the y axis: 1, 2, 2.5 and 5 x 10^n (whole numbers only: counts are whole).
+NICE_STEP_FACTORS = (10, 20, 25, 50)
+MAX_Y_INTERVALS = 5
+
+
+@dataclass(frozen=True, slots=True)
+class Scale:
+    """A y axis from 0 to `top` in equal round steps of `step`."""
+
+    top: int
+    step: int
+
+    @property
+    def ticks(self) -> tuple[int, ...]:
+        return tuple(range(0, self.top + 1, self.step))
+
+
+def nice_scale(value: int) -> Scale:
+    """The axis that fits `value` most closely: the smallest round step (1, 2, 2.5, 5 x 10^n)
+    that reaches `value` in at most MAX_Y_INTERVALS steps, topped at the first step at or
+    above it (210 -> 0..250 by 50; 260 -> 0..300 by 100). An empty chart gets 0..1."""
+    value = max(value, 1)
+    power = 1
     while True:
-        for factor in (1, 2, 5):
-            if factor * step >= value:
-                return factor * step
-        step *= 10
+        for factor in NICE_STEP_FACTORS:
+            step_tenths = factor * power
+            if step_tenths % 10:
+                continue  # 2.5 is not a step of whole counts
+            step = step_tenths // 10
+            intervals = -(-value // step)
+            if intervals <= MAX_Y_INTERVALS:
+                return Scale(top=intervals * step, step=step)
+        power *= 10
 
 
 def threshold_colours(thresholds: Iterable[int]) -> dict[int, str]:
@@ -130,7 +155,8 @@ def build_chart(counts: dict[tuple[date, int], int], first_day: date, days: int,
     colours = threshold_colours(shown)
     day_list = [first_day + timedelta(days=i) for i in range(days)]
     totals = [sum(counts.get((d, t), 0) for t in shown) for d in day_list]
-    top = nice_ceiling(max(totals, default=0) or 1)
+    scale = nice_scale(max(totals, default=0))
+    top = scale.top
     plot_width = WIDTH - LEFT - RIGHT
     plot_height = HEIGHT - TOP - BOTTOM
     slot = plot_width / days
@@ -153,8 +179,8 @@ def build_chart(counts: dict[tuple[date, int], int], first_day: date, days: int,
         for index, day in enumerate(day_list) if index % 5 == 0 or index == days - 1
     )
     y_ticks = tuple(
-        Tick(round(HEIGHT - BOTTOM - fraction * plot_height, 2), f"{round(top * fraction):,}")
-        for fraction in (0, 0.5, 1)
+        Tick(round(HEIGHT - BOTTOM - value / top * plot_height, 2), f"{value:,}")
+        for value in scale.ticks
     )
     legend = tuple((days_label(t), colours[t]) for t in shown)
     return Chart(width=WIDTH, height=HEIGHT, plot_left=LEFT, plot_bottom=HEIGHT - BOTTOM,

@@ -103,7 +103,8 @@ def test_admin_role_does_what_the_admin_does(documents: Documents) -> None:
         overview = overview_context(datetime.now(UTC))
         assert overview["backlog"].window_documents == 1
         outbox_card = {card.id: card for card in overview["cards"]}["overview-outbox"]
-        assert outbox_card.lines[0] == "unpublished, 1 parked"  # the outbox's backlog query
+        # the outbox's backlog query
+        assert outbox_card.lines[0] == "unpublished (waiting for the relay), 1 parked"
         with transaction.atomic():  # the admin action's own shape: lock, then re-queue
             locked = list(OutboxMessage.objects.select_for_update().filter(pk=parked.pk))
             assert outbox_store.requeue_parked("default", [m.pk for m in locked]) == [parked.pk]

@@ -4,10 +4,13 @@ Through the production WSGI server (gunicorn with pin_profile/gunicorn_conf.py, 
 admin's own database role, DEBUG off, a real secret key, static files collected and served
 by WhiteNoise, every HTTPS setting on, the browser's requests marked as forwarded by a TLS
 proxy): a staff viewer logs in, the pages have their CSS, and the viewer browses and filters
-the ledger, searches an owner, opens a marker read-only, and looks at the overview. Against
-the test server: a non-staff user only ever gets the login page.
+the ledger, searches an owner, opens a marker read-only, and looks at the overview. At 1440 px
+(a common laptop screen) the run history, the ledger, the outbox and the overview fit the
+window: no page scrolls sideways and every table ends inside it. Against the test server: a
+non-staff user only ever gets the login page.
 
-Screenshots go to artifacts/admin-screenshots/ (the path is printed for the CI log)."""
+Screenshots go to $ADMIN_SCREENSHOT_DIR, by default artifacts/admin-screenshots/ (ignored by
+git); their paths are printed for the CI log."""
 
 import os
 from collections.abc import Iterator
@@ -26,7 +29,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
-from reminders.models import DocumentExpiryReminder
+from reminders.models import DocumentExpiryReminder, ReminderRun
 from tests.support.admin_data import PASSWORD, finished_run, ledger_rows, outbox_message, staff_viewer
 from tests.support.admin_server import (
     PRODUCTION_TLS,
@@ -38,8 +41,17 @@ from tests.support.admin_server import (
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
-SCREENSHOTS = Path(__file__).resolve().parents[2] / "artifacts" / "admin-screenshots"
+SCREENSHOTS = Path(os.environ.get("ADMIN_SCREENSHOT_DIR")
+                   or Path(__file__).resolve().parents[2] / "artifacts" / "admin-screenshots")
 WAIT_SECONDS = 20
+WIDTH, HEIGHT = 1440, 900
+# Realistic texts: what a database outage and a broker's refusal leave in the records.
+RUN_ERROR = ("OperationalError: connection to server at \"pg-profile-primary.internal\" "
+             "(10.20.30.40), port 5432 failed: server closed the connection unexpectedly. This "
+             "probably means the server terminated abnormally before or while processing the request.")
+RELAY_ERROR = ("KafkaError{code=MSG_SIZE_TOO_LARGE,val=10,str=\"Broker: Message size too large\"} "
+               "after 5 attempts on pin.profile.document-expiry-reminders.v1 [partition 7]")
+HOST = "pin-reminder-worker-7d9f8b6c5d-x2x7q"
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +63,7 @@ def browser() -> Iterator[webdriver.Chrome]:
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu",
-                     "--disable-background-networking", "--window-size=1920,1200"):
+                     "--disable-background-networking", f"--window-size={WIDTH},{HEIGHT}"):
         options.add_argument(argument)
     # Under scripts/test-clock.sh the browser runs without libfaketime, which it does not
     # survive; its clock does not matter: this process's live server renders the pages.
@@ -87,6 +99,24 @@ def column(driver: WebDriver, name: str) -> list[str]:
                                                                          f"#result_list th.field-{name}")]
 
 
+def full_ids(driver: WebDriver, name: str) -> list[str]:
+    """The full ids of a column of shortened ids (their hover text)."""
+    return [span.get_attribute("title") or "" for span in driver.find_elements(
+        By.CSS_SELECTOR, f"#result_list .field-{name} .short-id")]
+
+
+def assert_fits_the_window(driver: WebDriver) -> None:
+    """Nothing scrolls sideways, and every table (the list's columns) ends inside the window."""
+    width, scroll_width, tables = driver.execute_script(
+        "return [window.innerWidth, document.documentElement.scrollWidth,"
+        " [...document.querySelectorAll('table, svg')].map(t => [t.id || t.tagName,"
+        "  t.getBoundingClientRect().right])]")
+    assert width <= WIDTH and scroll_width <= width, (width, scroll_width)
+    assert tables, "no table on the page"
+    for name, right in tables:
+        assert right <= width, (name, right, width)
+
+
 @pytest.fixture
 def ledger(transactional_db: None) -> dict[str, Any]:
     today = datetime.now(UTC).replace(hour=3, minute=0, second=0, microsecond=0)
@@ -94,8 +124,24 @@ def ledger(transactional_db: None) -> dict[str, Any]:
     for days_ago in range(0, 30, 3):
         owners += ledger_rows(2, reminded_at=today - timedelta(days=days_ago), thresholds=(30, 7))
         ledger_rows(1 + days_ago % 4, reminded_at=today - timedelta(days=days_ago), thresholds=(1, 0))
-    finished_run(today)
-    outbox_message(parked=True, attempts=5, last_error="MSG_SIZE_TOO_LARGE")
+    for days_ago in range(1, 12):
+        status = (ReminderRun.Status.SUCCEEDED, ReminderRun.Status.FAILED,
+                  ReminderRun.Status.PARTIAL, ReminderRun.Status.TIMED_OUT)[days_ago % 4]
+        finished_run(today - timedelta(days=days_ago, minutes=-days_ago), status=status,
+                     error=RUN_ERROR if status == ReminderRun.Status.FAILED else None,
+                     failed_owners=17 if status == ReminderRun.Status.PARTIAL else 0,
+                     host=HOST, reminders_sent=12_345, owners_notified=9_876, markers_written=23_456,
+                     markers_rearmed=1_234, skipped_already_marked=123_456, pruned=4_321,
+                     duration_ms=601_234)
+    last = finished_run(today, host=HOST)
+    written_at = today + timedelta(seconds=1)  # while the run ran: its events link finds them
+    for _ in range(6):
+        outbox_message(published=True, attempts=1, correlation_id=last.run_id, created_at=written_at)
+    for _ in range(3):
+        outbox_message(attempts=2, last_error=RELAY_ERROR, correlation_id=last.run_id,
+                       created_at=written_at)
+    outbox_message(parked=True, attempts=5, last_error=RELAY_ERROR, correlation_id=last.run_id,
+                   created_at=written_at)
     return {"owner": owners[0], "viewer": staff_viewer()}
 
 
@@ -153,6 +199,7 @@ def test_staff_viewer_browses_the_ledger_read_only(
     assert session is not None and session["secure"] and session["httpOnly"]
     assert "about" not in browser.find_element(By.CSS_SELECTOR, "p.paginator").text
     screenshot(browser, "ledger-list.png", capsys)
+    assert_fits_the_window(browser)
 
     browser.find_element(By.LINK_TEXT, "7 days").click()
     wait(browser).until(ec.url_contains("threshold_days=7"))
@@ -167,11 +214,11 @@ def test_staff_viewer_browses_the_ledger_read_only(
     search.submit()
     wait(browser).until(ec.url_contains(f"q={owner.owner_user_id}"))
     wait(browser).until(ec.presence_of_element_located((By.ID, "result_list")))
-    assert set(column(browser, "owner_user_id")) == {str(owner.owner_user_id)}
-    assert len(column(browser, "document_id")) == DocumentExpiryReminder.objects.filter(
+    assert set(full_ids(browser, "owner")) == {str(owner.owner_user_id)}
+    assert len(full_ids(browser, "document")) == DocumentExpiryReminder.objects.filter(
         owner_user_id=owner.owner_user_id, threshold_days=7).count() == 2
 
-    browser.find_element(By.CSS_SELECTOR, "#result_list th.field-document_id a").click()
+    browser.find_element(By.CSS_SELECTOR, "#result_list th.field-document a").click()
     wait(browser).until(ec.url_contains("/change/"))
     wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, "div.readonly")))
     assert str(owner.owner_user_id) in browser.find_element(By.ID, "content").text
@@ -185,6 +232,23 @@ def test_staff_viewer_browses_the_ledger_read_only(
     assert "Succeeded" in browser.find_element(By.ID, "overview-last-cycle").text
     assert "1 parked" in browser.find_element(By.ID, "overview-outbox").text
     screenshot(browser, "overview.png", capsys)
+    assert_fits_the_window(browser)
+
+    browser.get(base_url + "/admin/reminders/reminderrun/")
+    wait(browser).until(ec.presence_of_element_located((By.ID, "result_list")))
+    assert browser.find_elements(By.CSS_SELECTOR, ".run-status-failed, .run-status-partial")
+    assert RUN_ERROR in [e.get_attribute("title") for e in browser.find_elements(
+        By.CSS_SELECTOR, "#result_list .field-error_preview .clipped")]
+    screenshot(browser, "runs-list.png", capsys)
+    assert_fits_the_window(browser)
+
+    browser.find_element(By.CSS_SELECTOR, "#result_list tbody tr:first-child .run-links a:last-child").click()
+    wait(browser).until(ec.url_contains("correlation_id="))
+    wait(browser).until(ec.presence_of_element_located((By.ID, "result_list")))
+    assert len(full_ids(browser, "message")) == 10
+    assert browser.find_elements(By.CSS_SELECTOR, "#result_list .field-parked .attention")
+    screenshot(browser, "outbox-list.png", capsys)
+    assert_fits_the_window(browser)
 
 
 def test_non_staff_user_gets_the_login_page(

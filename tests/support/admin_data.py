@@ -73,23 +73,30 @@ def bulk_ledger(rows: int, *, first_day: date, days: int) -> None:
         cursor.execute("analyze document_expiry_reminders")
 
 
-def finished_run(started_at: datetime, status: str = ReminderRun.Status.SUCCEEDED) -> ReminderRun:
-    return ReminderRun.objects.create(
-        run_id=uuid.uuid4(), as_of=started_at, started_at=started_at,
-        finished_at=started_at + timedelta(seconds=2), status=status, thresholds="30,7,1,0",
-        reminders_sent=12, owners_notified=9, markers_written=20, duration_ms=2000,
-    )
+def finished_run(started_at: datetime, status: str = ReminderRun.Status.SUCCEEDED,
+                 **fields: object) -> ReminderRun:
+    """A run that ended 2 s after `started_at`; `fields` override its counters, error, host."""
+    values: dict[str, object] = {
+        "run_id": uuid.uuid4(), "as_of": started_at, "started_at": started_at,
+        "finished_at": started_at + timedelta(seconds=2), "status": status,
+        "thresholds": "30,7,1,0", "reminders_sent": 12, "owners_notified": 9,
+        "markers_written": 20, "duration_ms": 2000, **fields,
+    }
+    return ReminderRun.objects.create(**values)
 
 
 def outbox_message(*, parked: bool = False, published: bool = False, attempts: int = 0,
-                   last_error: str | None = None) -> OutboxMessage:
+                   last_error: str | None = None, correlation_id: uuid.UUID | None = None,
+                   created_at: datetime | None = None) -> OutboxMessage:
     owner = str(uuid.uuid4())
     now = datetime.now(UTC)
+    created = {} if created_at is None else {"created_at": created_at}
     return OutboxMessage.objects.create(
         aggregate_type="Profile", aggregate_id=owner, event_type="DocumentExpiryReminderKafkaEvent",
         contract_version=1, topic="pin.profile.document-expiry-reminders.v1", message_key=owner,
         payload={"ownerUserId": owner, "documents": [{"type": "Visa", "thresholdDays": 7}]},
-        headers={"event_type": "DocumentExpiryReminderKafkaEvent"},
+        headers={"event_type": "DocumentExpiryReminderKafkaEvent",
+                 **({"correlation_id": str(correlation_id)} if correlation_id else {})},
         published_at=now if published else None, parked_at=now if parked else None,
-        attempts=attempts, last_error=last_error,
+        attempts=attempts, last_error=last_error, **created,
     )
