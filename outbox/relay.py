@@ -24,6 +24,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from django.db import connections
 
 from core.db import DatabaseErrors, backoff_delay, delete_in_chunks
+from core.failures import classify_on, retry_event
 from core.health import Heartbeat
 from core.logs import log_event
 from outbox import kafka, metrics, store
@@ -401,8 +402,8 @@ class Relay:
                 except DatabaseErrors as exc:
                     db_failures += 1
                     connections[self.using].close()
-                    self._back_off(db_failures, "database unavailable, retrying",
-                                   error=f"{type(exc).__name__}: {exc}".strip()[:300])
+                    failure = classify_on(exc, self.using)
+                    self._back_off(db_failures, retry_event(failure), **failure.fields())
                     continue
                 if self.stop.is_set():
                     break  # what the stop released is not the broker's fault

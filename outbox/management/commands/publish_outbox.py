@@ -12,6 +12,7 @@ from core import gauges
 from core.commands import EXIT_FAILED, ProjectCommand, stop_on_signals
 from core.config import parse_positive_int
 from core.db import DatabaseErrors
+from core.failures import classify_on
 from core.health import Heartbeat, database_ready
 from core.ops_server import Probes, ops_server_from_env
 from outbox import kafka, store
@@ -62,7 +63,8 @@ class Command(ProjectCommand):
             except kafka.KafkaRefusedError as exc:
                 raise CommandError(str(exc), returncode=EXIT_FAILED) from None
             except DatabaseErrors as exc:
-                raise CommandError(f"database error: {type(exc).__name__}: {exc}".strip(),
+                failure = classify_on(exc, relay.using)
+                raise CommandError(f"relay pass failed: {failure.reason}",
                                    returncode=EXIT_FAILED) from None
             finally:
                 relay.close()

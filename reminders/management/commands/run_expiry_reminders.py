@@ -25,7 +25,8 @@ class Command(ProjectCommand):
         "reminder event per investor to the outbox. One cycle by default (the manual "
         "re-trigger); --loop runs on the schedule (REMINDER_RUN_AT_UTC, "
         "REMINDER_POLLING_INTERVAL). Exit codes: 0 success, 1 some owners failed (retried next "
-        "cycle) or the database was lost, 2 bad configuration or usage. With --loop, METRICS_ADDR "
+        "cycle) or the cycle failed (the last line says which: database unreachable, missing "
+        "table or grant, or another database error), 2 bad configuration or usage. With --loop, METRICS_ADDR "
         "(e.g. 127.0.0.1:9108) serves /metrics, /healthz and /readyz; OTEL_* variables turn "
         "tracing on (docs/operations.md)."
     )
@@ -73,15 +74,8 @@ class Command(ProjectCommand):
             if tracing is not None:
                 tracing.shutdown()  # flush the spans still queued
         self._summarise(result)
-        if not result.ok:
-            # One line: a driver's error (a refused connection, say) spans several.
-            error = " ".join(result.error.split()) if result.error else None
-            raise CommandError(
-                f"cycle {result.status}: {result.failed_owners} owner(s) failed"
-                + (f" ({error})" if error else "")
-                + "; they are retried next cycle",
-                returncode=EXIT_FAILED,
-            )
+        if line := result.failure_line():
+            raise CommandError(line, returncode=EXIT_FAILED)
 
     def _summarise(self, result: CycleResult) -> None:
         title = "Dry run: would remind" if result.dry_run else "Cycle"
