@@ -121,6 +121,7 @@ class Relay:
         rng: random.Random | None = None,
         wait: Wait | None = None,
         heartbeat: Heartbeat | None = None,
+        on_batch: Callable[[RelayStats], object] | None = None,
     ) -> None:
         self.settings = settings
         self.using = using
@@ -130,6 +131,7 @@ class Relay:
         self._wait: Wait = wait or self.stop.wait
         self.stats = RelayStats()
         self.heartbeat = heartbeat  # beaten every loop iteration: /healthz of publish_outbox --loop
+        self.on_batch = on_batch  # told the running totals after each batch (a progress bar)
         self._producer: Producer | None = None
         self._fatal: KafkaError | None = None
         self._refused: KafkaError | None = None  # the first refusal: the relay stops on it
@@ -339,6 +341,8 @@ class Relay:
                   claimed=outcome.claimed, published=outcome.published,
                   released=outcome.released, failed=outcome.failed, parked=len(outcome.parked))
         self.stats.add(outcome)
+        if self.on_batch is not None:
+            self.on_batch(self.stats)
         metrics.record_published(outcome.published)
         metrics.record_failed(outcome.failed)
         metrics.record_parked(len(outcome.parked))

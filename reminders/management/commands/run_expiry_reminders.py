@@ -9,8 +9,9 @@ from django.core.management.base import CommandError
 
 from core.commands import EXIT_FAILED, ProjectCommand, stop_on_signals, usage_error
 from core.config import parse_duration, parse_positive_int
+from core.progress import ProgressBar
 from core.tracing import configure_tracing
-from reminders.cli import ProgressLine, parse_as_of
+from reminders.cli import parse_as_of
 from reminders.config import load_settings
 from reminders.loop import run_loop
 from reminders.observe import ObservedCycles, observed_loop
@@ -66,10 +67,10 @@ class Command(ProjectCommand):
                     with observed_loop(settings, os.environ, stop=stop) as run_one:
                         run_loop(settings, run_one, stop=stop)
                     return
-                progress = ProgressLine()
-                result = ObservedCycles(settings, stop=stop)(
-                    as_of=as_of, dry_run=options["dry_run"], progress=progress)
-                progress.finish()
+                # A bar on a terminal (log lines above it); nothing but the log elsewhere.
+                with ProgressBar("due documents", "doc") as progress:
+                    result = ObservedCycles(settings, stop=stop)(
+                        as_of=as_of, dry_run=options["dry_run"], progress=progress)
         finally:
             if tracing is not None:
                 tracing.shutdown()  # flush the spans still queued
