@@ -229,7 +229,8 @@ class _WrittenThrough(io.TextIOBase):
 def lines_written_through(write: Callable[[str], object]) -> Iterator[None]:
     """While the block runs, the queued handlers' lines go to `write` instead of stderr (a
     progress bar writes them above itself: core.progress)."""
-    writers = [h.listener.handlers[0] for h in list(_QUEUED_HANDLERS)]
+    writers = [h.listener.handlers[0] for h in list(_QUEUED_HANDLERS)
+               if h.listener._thread is not None]  # not the closed ones
     streams = [w for w in writers if isinstance(w, logging.StreamHandler)]
     previous = [(w, w.setStream(_WrittenThrough(write))) for w in streams]
     try:
@@ -243,4 +244,4 @@ def lines_written_through(write: Callable[[str], object]) -> Iterator[None]:
 def flush_queued_handlers() -> None:
     """Wait until every queued handler has written the records queued so far."""
     for handler in list(_QUEUED_HANDLERS):
-        handler.flush()
+        handler.flush()  # a closed one has nothing left to write
