@@ -73,14 +73,18 @@ def delete_in_chunks(
     chunk: int,
     stop: threading.Event | None = None,
     out_of_time: Callable[[], bool] = lambda: False,
+    progress: Callable[[int], object] | None = None,
 ) -> int:
     """Call `delete_chunk(chunk)` in its own transaction until it deletes less than a chunk
-    (or the stop or the time budget says so); the total deleted."""
+    (or the stop or the time budget says so); the total deleted (also told to `progress`
+    after each chunk)."""
     total = 0
     while not (stop and stop.is_set()) and not out_of_time():
         with transaction.atomic(using=using, durable=True):
             deleted = delete_chunk(chunk)
         total += deleted
+        if progress is not None:
+            progress(total)
         if deleted < chunk:
             break
     return total

@@ -12,6 +12,7 @@ the batch one record, not one each.
 """
 
 import copy
+import io
 import json
 import logging
 import os
@@ -19,7 +20,8 @@ import queue
 import signal
 import sys
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from logging.handlers import QueueHandler, QueueListener
 from typing import Any
@@ -202,3 +204,44 @@ def _restart_listeners_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_restart_listeners_in_child)
+
+
+class _WrittenThrough(io.TextIOBase):
+    """A stream that hands each record's lines, once flushed, to `write` in one call (a
+    progress bar's `tqdm.write`: one clear and redraw of the bar per record, not per line)."""
+
+    def __init__(self, write: Callable[[str], object]) -> None:
+        super().__init__()
+        self._write = write
+        self._pending: list[str] = []
+
+    def write(self, text: str) -> int:
+        self._pending.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            text, self._pending = "".join(self._pending), []
+            self._write(text)
+
+
+@contextmanager
+def lines_written_through(write: Callable[[str], object]) -> Iterator[None]:
+    """While the block runs, the queued handlers' lines go to `write` instead of stderr (a
+    progress bar writes them above itself: core.progress)."""
+    writers = [h.listener.handlers[0] for h in list(_QUEUED_HANDLERS)
+               if h.listener._thread is not None]  # not the closed ones
+    streams = [w for w in writers if isinstance(w, logging.StreamHandler)]
+    previous = [(w, w.setStream(_WrittenThrough(write))) for w in streams]
+    try:
+        yield
+    finally:
+        for writer, stream in previous:
+            if stream is not None:
+                writer.setStream(stream)
+
+
+def flush_queued_handlers() -> None:
+    """Wait until every queued handler has written the records queued so far."""
+    for handler in list(_QUEUED_HANDLERS):
+        handler.flush()  # a closed one has nothing left to write

@@ -24,6 +24,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer
 from django.db import connections
 
 from core.db import DatabaseErrors, backoff_delay, delete_in_chunks
+from core.failures import classify_on, retry_event
 from core.health import Heartbeat
 from core.logs import log_event
 from outbox import kafka, metrics, store
@@ -120,6 +121,7 @@ class Relay:
         rng: random.Random | None = None,
         wait: Wait | None = None,
         heartbeat: Heartbeat | None = None,
+        on_batch: Callable[[RelayStats], object] | None = None,
     ) -> None:
         self.settings = settings
         self.using = using
@@ -129,6 +131,7 @@ class Relay:
         self._wait: Wait = wait or self.stop.wait
         self.stats = RelayStats()
         self.heartbeat = heartbeat  # beaten every loop iteration: /healthz of publish_outbox --loop
+        self.on_batch = on_batch  # told the running totals after each batch (a progress bar)
         self._producer: Producer | None = None
         self._fatal: KafkaError | None = None
         self._refused: KafkaError | None = None  # the first refusal: the relay stops on it
@@ -338,6 +341,8 @@ class Relay:
                   claimed=outcome.claimed, published=outcome.published,
                   released=outcome.released, failed=outcome.failed, parked=len(outcome.parked))
         self.stats.add(outcome)
+        if self.on_batch is not None:
+            self.on_batch(self.stats)
         metrics.record_published(outcome.published)
         metrics.record_failed(outcome.failed)
         metrics.record_parked(len(outcome.parked))
@@ -401,8 +406,8 @@ class Relay:
                 except DatabaseErrors as exc:
                     db_failures += 1
                     connections[self.using].close()
-                    self._back_off(db_failures, "database unavailable, retrying",
-                                   error=f"{type(exc).__name__}: {exc}".strip()[:300])
+                    failure = classify_on(exc, self.using)
+                    self._back_off(db_failures, retry_event(failure), **failure.fields())
                     continue
                 if self.stop.is_set():
                     break  # what the stop released is not the broker's fault

@@ -1,8 +1,7 @@
-"""Helpers shared by the worker's management commands: --as-of, and a progress line."""
+"""Helpers shared by the worker's management commands: --as-of (the progress bar is
+core.progress's)."""
 
-import sys
 from datetime import UTC, date, datetime
-from typing import TextIO
 
 from core.commands import usage_error
 
@@ -22,21 +21,3 @@ def parse_as_of(raw: str) -> datetime:
     if instant.tzinfo is None:
         instant = instant.replace(tzinfo=UTC)
     return instant.astimezone(UTC)
-
-
-class ProgressLine:
-    """A self-overwriting progress line on a terminal; silent elsewhere (logs say it all)."""
-
-    def __init__(self, stream: TextIO = sys.stderr) -> None:
-        self.stream = stream
-        self.enabled = stream.isatty()
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.enabled:
-            share = f"{100 * done / total:5.1f}%" if total else "  -  "
-            self.stream.write(f"\r  documents {done:>10,} / {total:,}  {share}")
-            self.stream.flush()
-
-    def finish(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")

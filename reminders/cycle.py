@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from django.db import connections, transaction
 
 from core.db import DatabaseErrors, connection_alive
+from core.failures import DatabaseFailure, classify_on
 from core.logs import log_event, log_events
 from reminders import events, plan, retention, rules, store
 from reminders.config import ReminderSettings
@@ -34,7 +35,7 @@ Clock = Callable[[], float]
 Progress = Callable[[int, int], None]
 
 
-class ConnectionLostError(Exception):
+class ConnectionLostError(ConnectionError):
     """The database connection was lost mid-cycle; the cycle ends as failed."""
 
 
@@ -124,9 +125,10 @@ class Cycle:
             self._remind_and_prune()
         except (ConnectionLostError, *DatabaseErrors) as exc:
             result.status = ReminderRun.Status.FAILED
-            result.error = f"{type(exc).__name__}: {exc}".strip()[:2000]
+            result.failure = classify_on(exc, self.using)
+            result.error = result.failure.reason
             log_event(logger, logging.ERROR, "cycle failed", run_id=result.run_id,
-                      error=result.error)
+                      **result.failure.fields())
         result.duration_ms = int((self.clock() - started) * 1000)
         self._record_finish()
         self._prune_run_history()
@@ -193,15 +195,16 @@ class Cycle:
             outcome = self._in_transaction(owner_ids)
         except DatabaseErrors:
             if not connection_alive(self.using):
-                self._fail_owners(owner_ids, "connection lost")
-                raise ConnectionLostError("database connection lost") from None
+                lost = ConnectionLostError("database connection lost")
+                self._fail_owners(owner_ids, classify_on(lost, self.using))
+                raise lost from None
             log_event(logger, logging.WARNING, "batch failed, retrying owner by owner",
                       run_id=self.result.run_id, owners=len(owner_ids), exc_info=True)
             for owner_id in owner_ids:
                 try:
                     self._account(self._in_transaction([owner_id]), owners=1)
                 except DatabaseErrors as exc:
-                    self._fail_owners([owner_id], f"{type(exc).__name__}: {exc}".strip())
+                    self._fail_owners([owner_id], classify_on(exc, self.using))
                     if not connection_alive(self.using):
                         raise ConnectionLostError("database connection lost") from None
             return
@@ -243,11 +246,12 @@ class Cycle:
             run_id=self.result.run_id,
         )
 
-    def _fail_owners(self, owner_ids: list[uuid.UUID], reason: str) -> None:
+    def _fail_owners(self, owner_ids: list[uuid.UUID], failure: DatabaseFailure) -> None:
         self.result.failed_owners += len(owner_ids)
+        self.result.owner_failure = self.result.owner_failure or failure
         for owner_id in owner_ids:
             log_event(logger, logging.ERROR, "owner failed", run_id=self.result.run_id,
-                      owner_user_id=owner_id, error=reason[:500])
+                      owner_user_id=owner_id, **failure.fields())
 
     def _prune(self) -> int:
         cutoff = rules.prune_cutoff(self.as_of_date, self.settings.retention_days)

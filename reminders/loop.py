@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from django.db import connections
 
 from core.db import DatabaseErrors, backoff_delay
+from core.failures import DatabaseFailure, classify_on, retry_event
 from core.logs import log_event
 from reminders import schedule, store
 from reminders.config import ReminderSettings
@@ -21,6 +22,14 @@ logger = logging.getLogger("reminders.loop")
 
 BACKOFF_START = timedelta(seconds=1)
 BACKOFF_CAP = timedelta(minutes=5)
+
+
+class CycleFailedError(Exception):
+    """A cycle of the loop failed; `failure` says why (core.failures)."""
+
+    def __init__(self, failure: DatabaseFailure) -> None:
+        super().__init__(failure.reason)
+        self.failure = failure
 
 
 def run_loop(
@@ -49,7 +58,8 @@ def run_loop(
             if schedule.tick_missed(max(recorded, default=None), tick):
                 result = run_one(tick=tick)
                 if result.status == ReminderRun.Status.FAILED:
-                    raise ConnectionError(result.error or "cycle failed")
+                    raise CycleFailedError(result.failure or classify_on(
+                        ConnectionError(result.error or "cycle failed"), using))
                 if result.status in SUCCESSFUL_STATUSES:
                     done = tick
                 failures = 0
@@ -59,11 +69,12 @@ def run_loop(
             connections[using].close()  # hold no idle connection for a day
             log_event(logger, logging.INFO, "sleeping until next tick", next_tick=wake)
             stop.wait(max(0.0, (wake - now()).total_seconds()))
-        except (*DatabaseErrors, ConnectionError) as exc:
+        except (*DatabaseErrors, ConnectionError, CycleFailedError) as exc:
+            failure = exc.failure if isinstance(exc, CycleFailedError) else classify_on(exc, using)
             failures += 1
             delay = backoff_delay(failures, BACKOFF_START, BACKOFF_CAP, rng)
-            log_event(logger, logging.ERROR, "database unavailable, retrying",
-                      error=f"{type(exc).__name__}: {exc}".strip()[:500],
+            # The event says which: unreachable, a missing table or grant, or another error.
+            log_event(logger, logging.ERROR, retry_event(failure), **failure.fields(),
                       attempt=failures, retry_in_s=round(delay, 1))
             connections[using].close()
             stop.wait(delay)

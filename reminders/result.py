@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
+from core.failures import DatabaseFailure
 from reminders.models import ReminderRun
 
 if TYPE_CHECKING:
@@ -34,6 +35,8 @@ class CycleResult:
     failed_owners: int = 0
     duration_ms: int = 0
     error: str | None = None
+    failure: DatabaseFailure | None = None  # why a failed cycle failed (core.failures)
+    owner_failure: DatabaseFailure | None = None  # why the first failed owner failed
     reminders_by_threshold: Counter[int] = field(default_factory=Counter)
     owners_processed: int = 0
     documents_processed: int = 0
@@ -49,6 +52,21 @@ class CycleResult:
             "pruned": self.pruned,
             "failed_owners": self.failed_owners,
         }
+
+    def failure_line(self) -> str | None:
+        """The one line a manual run ends with when something failed (None if nothing did):
+        what failed first (the database unreachable, a missing table or grant, or another
+        database error), and the owners that failed and are retried next cycle."""
+        if self.ok:
+            return None
+        if self.status == ReminderRun.Status.FAILED:
+            cause = self.failure.reason if self.failure else (self.error or "unknown error")
+            owners = (f"; {self.failed_owners} owner(s) failed, they are retried next cycle"
+                      if self.failed_owners else "")
+            return f"cycle failed: {cause}{owners}"
+        first = f" ({self.owner_failure.reason})" if self.owner_failure else ""
+        return (f"cycle {self.status}: {self.failed_owners} owner(s) failed{first}; "
+                "they are retried next cycle")
 
     @property
     def ok(self) -> bool:

@@ -24,11 +24,13 @@ def prune_expired_markers(
     stop: threading.Event | None = None,
     out_of_time: Callable[[], bool] = lambda: False,
     chunk: int = PRUNE_CHUNK,
+    progress: Callable[[int], object] | None = None,
 ) -> int:
-    """Delete markers expiring before `cutoff` in bounded chunks, one transaction each."""
+    """Delete markers expiring before `cutoff` in bounded chunks, one transaction each
+    (`progress` is told the total so far after each)."""
     total = delete_in_chunks(
         using, lambda size: store.prune_expired_markers(using, cutoff, size),
-        chunk=chunk, stop=stop, out_of_time=out_of_time,
+        chunk=chunk, stop=stop, out_of_time=out_of_time, progress=progress,
     )
     log_event(logger, logging.INFO, "markers pruned", cutoff=cutoff, pruned=total)
     return total

@@ -7,7 +7,13 @@ import threading
 
 import pytest
 
-from core.logs import QueuedStderrHandler, StructuredFormatter, log_events
+from core.logs import (
+    QueuedStderrHandler,
+    StructuredFormatter,
+    flush_queued_handlers,
+    lines_written_through,
+    log_events,
+)
 
 
 class _RecordingFormatter(logging.Formatter):
@@ -94,3 +100,20 @@ def test_log_events_writes_one_json_line_per_item_from_one_record() -> None:
     lines = [json.loads(line) for line in StructuredFormatter("json").format(record).splitlines()]
     assert [(x["event"], x["run_id"], x["document_id"], x["days_left"]) for x in lines] == [
         ("reminder queued", "r", "d1", 3), ("reminder queued", "r", "d2", 0)]
+
+
+def test_lines_written_through_get_each_records_lines_in_one_call_and_then_stderr_again(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    handler = QueuedStderrHandler(fmt="json", backlog=8)
+    logger = _logger(handler, "tests.logs.through")
+    written: list[str] = []
+
+    with lines_written_through(written.append):
+        log_events(logger, logging.INFO, "item", [{"n": 1}, {"n": 2}])
+        flush_queued_handlers()
+    logger.info("after")
+    handler.close()
+
+    assert len(written) == 1 and [json.loads(line)["n"] for line in written[0].splitlines()] == [1, 2]
+    assert [json.loads(line)["event"] for line in capsys.readouterr().err.splitlines()] == ["after"]

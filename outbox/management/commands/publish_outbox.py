@@ -12,8 +12,10 @@ from core import gauges
 from core.commands import EXIT_FAILED, ProjectCommand, stop_on_signals
 from core.config import parse_positive_int
 from core.db import DatabaseErrors
+from core.failures import classify_on
 from core.health import Heartbeat, database_ready
 from core.ops_server import Probes, ops_server_from_env
+from core.progress import ProgressBar
 from outbox import kafka, store
 from outbox.config import RelaySettings, load_relay_settings, validate
 from outbox.relay import Relay, RelayStats
@@ -55,14 +57,21 @@ class Command(ProjectCommand):
                 except kafka.KafkaRefusedError as exc:
                     raise CommandError(str(exc), returncode=EXIT_FAILED) from None
                 return
-            relay = Relay(settings, stop=stop)
+            # A bar on a terminal (log lines above it); nothing but the log elsewhere.
+            progress = ProgressBar("outbox messages", "msg")
+            relay = Relay(settings, stop=stop, on_batch=lambda stats: progress(
+                stats.published + stats.released + stats.failed))
             try:
-                stats = relay.run_pass()
+                with progress:
+                    if progress.enabled:
+                        progress(0, store.backlog(relay.using).unpublished)
+                    stats = relay.run_pass()
                 backlog = store.backlog(relay.using)
             except kafka.KafkaRefusedError as exc:
                 raise CommandError(str(exc), returncode=EXIT_FAILED) from None
             except DatabaseErrors as exc:
-                raise CommandError(f"database error: {type(exc).__name__}: {exc}".strip(),
+                failure = classify_on(exc, relay.using)
+                raise CommandError(f"relay pass failed: {failure.reason}",
                                    returncode=EXIT_FAILED) from None
             finally:
                 relay.close()

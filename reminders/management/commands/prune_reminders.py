@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from core.commands import ProjectCommand, stop_on_signals
+from core.progress import ProgressBar
 from reminders import rules, store
 from reminders.cli import parse_as_of
 from reminders.config import load_settings
@@ -38,8 +39,12 @@ class Command(ProjectCommand):
             self.stdout.write(f"would prune {count} marker(s) expiring before {cutoff}")
             self.stdout.write(f"would prune {runs} run(s) started before {runs_cutoff.isoformat()}")
             return
-        with stop_on_signals() as stop:
-            pruned = prune_expired_markers("default", cutoff, stop=stop)
+        with stop_on_signals() as stop, ProgressBar("markers pruned", "marker") as progress:
+            # The count is for the bar alone: only a terminal shows it.
+            total = store.count_expired_markers("default", cutoff) if progress.enabled else None
+            progress(0, total)
+            pruned = prune_expired_markers("default", cutoff, stop=stop,
+                                           progress=lambda done: progress(done, total))
         self.stdout.write(f"pruned {pruned} marker(s) expiring before {cutoff}")
         runs = prune_run_history("default", runs_cutoff)
         self.stdout.write(f"pruned {runs} run(s) started before {runs_cutoff.isoformat()}")

@@ -9,8 +9,9 @@ from django.core.management.base import CommandError
 
 from core.commands import EXIT_FAILED, ProjectCommand, stop_on_signals, usage_error
 from core.config import parse_duration, parse_positive_int
+from core.progress import ProgressBar
 from core.tracing import configure_tracing
-from reminders.cli import ProgressLine, parse_as_of
+from reminders.cli import parse_as_of
 from reminders.config import load_settings
 from reminders.loop import run_loop
 from reminders.observe import ObservedCycles, observed_loop
@@ -25,7 +26,8 @@ class Command(ProjectCommand):
         "reminder event per investor to the outbox. One cycle by default (the manual "
         "re-trigger); --loop runs on the schedule (REMINDER_RUN_AT_UTC, "
         "REMINDER_POLLING_INTERVAL). Exit codes: 0 success, 1 some owners failed (retried next "
-        "cycle) or the database was lost, 2 bad configuration or usage. With --loop, METRICS_ADDR "
+        "cycle) or the cycle failed (the last line says which: database unreachable, missing "
+        "table or grant, or another database error), 2 bad configuration or usage. With --loop, METRICS_ADDR "
         "(e.g. 127.0.0.1:9108) serves /metrics, /healthz and /readyz; OTEL_* variables turn "
         "tracing on (docs/operations.md)."
     )
@@ -65,23 +67,16 @@ class Command(ProjectCommand):
                     with observed_loop(settings, os.environ, stop=stop) as run_one:
                         run_loop(settings, run_one, stop=stop)
                     return
-                progress = ProgressLine()
-                result = ObservedCycles(settings, stop=stop)(
-                    as_of=as_of, dry_run=options["dry_run"], progress=progress)
-                progress.finish()
+                # A bar on a terminal (log lines above it); nothing but the log elsewhere.
+                with ProgressBar("due documents", "doc") as progress:
+                    result = ObservedCycles(settings, stop=stop)(
+                        as_of=as_of, dry_run=options["dry_run"], progress=progress)
         finally:
             if tracing is not None:
                 tracing.shutdown()  # flush the spans still queued
         self._summarise(result)
-        if not result.ok:
-            # One line: a driver's error (a refused connection, say) spans several.
-            error = " ".join(result.error.split()) if result.error else None
-            raise CommandError(
-                f"cycle {result.status}: {result.failed_owners} owner(s) failed"
-                + (f" ({error})" if error else "")
-                + "; they are retried next cycle",
-                returncode=EXIT_FAILED,
-            )
+        if line := result.failure_line():
+            raise CommandError(line, returncode=EXIT_FAILED)
 
     def _summarise(self, result: CycleResult) -> None:
         title = "Dry run: would remind" if result.dry_run else "Cycle"
