@@ -24,7 +24,7 @@ from core.gauges import DatabaseGauges
 from core.health import database_ready
 from core.logs import log_event
 from core.ops_server import Probes, ops_server_from_env
-from reminders import metrics
+from reminders import metrics, store
 from reminders.config import ReminderSettings
 from reminders.cycle import Cycle
 from reminders.health import LoopHealth
@@ -212,7 +212,10 @@ def observed_loop(
     if server is not None:
         gauges = _register_gauges(settings, using)
         try:
-            health.seen_success(metrics.restore_last_success(using))
+            # The age of the last success, on the database's clock (which stamped it).
+            since_success = store.run_history_ages(using).since_success
+            health.seen_success(since_success)
+            metrics.restore_last_success(since_success)
         except DatabaseErrors as exc:  # the loop's backoff deals with the database
             log_event(logger, logging.WARNING, "could not read the run history at start",
                       error=type(exc).__name__)
