@@ -5,7 +5,6 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import psycopg
 import pytest
@@ -26,12 +25,13 @@ from reminders.health import (
     liveness_from_history,
 )
 from reminders.models import ReminderRun
-from reminders.observe import ObservedCycles, observed_loop
+from reminders.observe import ObservedCycles, observed_loop, seed_from_history
 from reminders.result import CycleResult
 from reminders.retention import prune_run_history
 from tests.conftest import as_worker, command_env, manage_py
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, day, expiring_in
+from tests.support.run_history import insert_run
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 ZERO = timedelta(0)
@@ -244,28 +244,11 @@ def test_liveness_rules() -> None:
     assert "no successful cycle" in silent.reason and "last: never" in never.reason
 
 
-def _insert_run(age: timedelta, status: str, finished: bool = True) -> uuid.UUID:
-    """A run that started `age` ago on the database's clock (its `now()` stamps real runs),
-    and ended a minute later unless `finished` is false."""
-    run_id = uuid.uuid4()
-    params: dict[str, Any] = {"run_id": run_id, "age": age, "finished": finished, "status": status}
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "insert into document_expiry_reminder_runs (run_id, as_of, started_at, finished_at,"
-            " status, thresholds) values (%(run_id)s, now() - %(age)s::interval,"
-            " now() - %(age)s::interval,"
-            " case when %(finished)s then now() - %(age)s::interval + interval '1 minute' end,"
-            " %(status)s, '30,7,1,0')",
-            params,
-        )
-    return run_id
-
-
 @pytest.mark.real_clock  # the faked clocks put the worker's clock a day behind or years ahead
 def test_run_history_is_pruned_by_age_on_the_database_clock(transactional_db: None) -> None:
-    old = [_insert_run(timedelta(days=d), "succeeded") for d in (91, 200)]
-    crashed = _insert_run(timedelta(days=95), "running", finished=False)
-    kept = [_insert_run(timedelta(days=d), "succeeded") for d in (0, 1, 89)]
+    old = [insert_run(timedelta(days=d), "succeeded") for d in (91, 200)]
+    crashed = insert_run(timedelta(days=95), "running", finished=False)
+    kept = [insert_run(timedelta(days=d), "succeeded") for d in (0, 1, 89)]
 
     with as_worker():
         pruned = prune_run_history("default", timedelta(days=90), chunk=1)
@@ -287,11 +270,11 @@ def test_liveness_from_run_history(transactional_db: None) -> None:
     budget = timedelta(minutes=10)
     with as_worker():
         assert not liveness_from_history(max_run_duration=budget).ok  # nothing ever ran
-        _insert_run(timedelta(hours=30), "succeeded")
+        insert_run(timedelta(hours=30), "succeeded")
         assert not liveness_from_history(max_run_duration=budget).ok
-        _insert_run(timedelta(hours=2), "succeeded")
+        insert_run(timedelta(hours=2), "succeeded")
         assert liveness_from_history(max_run_duration=budget).ok
-        _insert_run(timedelta(hours=1), "running", finished=False)
+        insert_run(timedelta(hours=1), "running", finished=False)
         assert "stuck" in liveness_from_history(max_run_duration=budget).reason
 
 
@@ -317,7 +300,7 @@ def _health(**env: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.real_clock
 def test_health_command_exit_codes(transactional_db: None) -> None:
     assert _health().returncode == 1  # no cycle has ever run
-    _insert_run(timedelta(hours=3), "succeeded")
+    insert_run(timedelta(hours=3), "succeeded")
     healthy = _health()
     assert (healthy.returncode, healthy.stdout.startswith("healthy")) == (0, True)
     assert _health(REMINDER_MAX_RUN_DURATION="soon").returncode == 2
@@ -331,10 +314,10 @@ def test_health_command_exit_codes(transactional_db: None) -> None:
 def test_health_command_limit_is_the_polling_interval_plus_two_hours(
     transactional_db: None,
 ) -> None:
-    _insert_run(timedelta(hours=30), "succeeded")
+    insert_run(timedelta(hours=30), "succeeded")
     assert _health().returncode == 1  # 26 h at the default 24 h
     assert _health(REMINDER_POLLING_INTERVAL="48h").returncode == 0  # 50 h
-    _insert_run(timedelta(hours=15), "succeeded")
+    insert_run(timedelta(hours=15), "succeeded")
     assert _health().returncode == 0
     unhealthy = _health(REMINDER_POLLING_INTERVAL="12h")  # 14 h
     assert unhealthy.returncode == 1 and "14:00:00" in unhealthy.stderr
@@ -353,10 +336,29 @@ def test_loop_liveness_limit_is_the_polling_interval_plus_two_hours(
     assert health.liveness(NOW).ok is alive
 
 
+@pytest.mark.real_clock  # the faked clocks put the worker's clock a day behind or years ahead
+@pytest.mark.parametrize(("success_hours_ago", "alive"), [(20, True), (27, False)])
+def test_a_restarted_loop_takes_the_last_success_by_its_age_on_the_database_clock(
+    transactional_db: None, success_hours_ago: int, alive: bool,
+) -> None:
+    insert_run(timedelta(hours=success_hours_ago), "succeeded")  # ended a minute after its start
+    health = LoopHealth(max_run_duration=timedelta(minutes=10),
+                        started_at=datetime.now(UTC) - timedelta(days=3))  # no fresh-start grace
+
+    with as_worker():
+        seed_from_history(health)
+
+    ended_ago = timedelta(hours=success_hours_ago) - timedelta(minutes=1)
+    assert health.liveness().ok is alive, health.liveness().reason
+    worker_clock_then = (datetime.now(UTC) - ended_ago).timestamp()  # the gauge's clock
+    assert abs(sample("profile_document_expiry_reminder_last_success_timestamp_seconds")
+               - worker_clock_then) < 60
+
+
 @pytest.mark.real_clock
 def test_prune_command_prunes_the_run_history(transactional_db: None) -> None:
-    _insert_run(timedelta(days=40), "succeeded")
-    kept = _insert_run(timedelta(days=10), "succeeded")
+    insert_run(timedelta(days=40), "succeeded")
+    kept = insert_run(timedelta(days=10), "succeeded")
 
     def prune(*args: str) -> str:
         done = subprocess.run([*manage_py(), "prune_reminders", *args], capture_output=True,
