@@ -39,8 +39,9 @@ def judge_liveness(
     `alive_for` (stands in for a success not yet seen), `running_for` (None: no cycle under
     way). `last_success` and `running_since`, the recorded instants, only go into the reason."""
     if running_for is not None and running_for > max_run_duration + STUCK_GRACE:
-        since = running_since.isoformat() if running_since else f"{running_for} ago"
-        return Verdict(False, f"stuck: a cycle has been running since {since}")
+        if running_since is None:
+            return Verdict(False, f"stuck: a cycle has been running for {running_for}")
+        return Verdict(False, f"stuck: a cycle has been running since {running_since.isoformat()}")
     if (alive_for if since_success is None else since_success) > max_silence:
         seen = _seen(last_success, since_success, "never")
         return Verdict(False, f"no successful cycle for over {max_silence} (last: {seen})")

@@ -271,7 +271,7 @@ select max(tick) from document_expiry_reminder_runs
 where trigger = 'loop'
   and status = any(%(successful)s::text[]);
 
--- prune_run_history: delete one bounded chunk of runs that started over %(older_than)s ago on the database's clock, which stamped started_at (a run that old is over, even if a crash left it `running`)
+-- prune_run_history: delete one bounded chunk of runs that started longer ago than older_than on the database's clock, which stamped started_at (a run that old is over, even if a crash left it `running`)
 delete from document_expiry_reminder_runs
 where run_id in (
     select run_id from document_expiry_reminder_runs

@@ -241,6 +241,9 @@ def test_liveness_rules() -> None:
     assert (ok.ok, silent.ok, fresh.ok, never.ok, busy.ok, stuck.ok) == (
         True, False, True, False, True, False)
     assert "stuck" in stuck.reason and NOW.isoformat() in stuck.reason
+    unknown_start = judge_liveness(since_success=None, alive_for=ZERO,
+                                   running_for=timedelta(hours=1), max_run_duration=budget)
+    assert unknown_start.reason == "stuck: a cycle has been running for 1:00:00"
     assert "no successful cycle" in silent.reason and "last: never" in never.reason
 
 
