@@ -269,8 +269,7 @@ class Cycle:
         if self.dry_run or self.result.status not in SUCCESSFUL_STATUSES:
             return
         try:
-            retention.prune_run_history(
-                self.using, retention.run_history_cutoff(datetime.now(UTC), self.settings))
+            retention.prune_run_history(self.using, retention.run_history_age(self.settings))
         except DatabaseErrors as exc:
             log_event(logger, logging.WARNING, "run history prune failed; retried next cycle",
                       error=type(exc).__name__)

@@ -4,7 +4,7 @@
 the backlog gauge is read from the database at scrape time (`register_backlog_gauge`).
 """
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from prometheus_client import (
     REGISTRY,
@@ -81,12 +81,12 @@ def observe_cycle(result: CycleResult, *, finished_at: datetime | None = None) -
         LAST_SUCCESS.set((finished_at or datetime.now(UTC)).timestamp())
 
 
-def restore_last_success(using: str = "default") -> datetime | None:
-    """Seed the last-success gauge from the run history, so a restart does not reset it."""
-    last = store.last_successful_run_finish(using)
-    if last is not None:
-        LAST_SUCCESS.set(last.timestamp())
-    return last
+def restore_last_success(since_success: timedelta | None, now: datetime | None = None) -> None:
+    """Seed the last-success gauge from the run history, so a restart does not reset it. The
+    gauge carries the worker's clock (observe_cycle sets it at a cycle's end): the success is
+    placed `since_success` (its age on the database's clock) before the worker's now."""
+    if since_success is not None:
+        LAST_SUCCESS.set(((now or datetime.now(UTC)) - since_success).timestamp())
 
 
 def read_backlog(settings: ReminderSettings, using: str = "default",

@@ -24,7 +24,7 @@ from core.gauges import DatabaseGauges
 from core.health import database_ready
 from core.logs import log_event
 from core.ops_server import Probes, ops_server_from_env
-from reminders import metrics
+from reminders import metrics, store
 from reminders.config import ReminderSettings
 from reminders.cycle import Cycle
 from reminders.health import LoopHealth
@@ -214,7 +214,7 @@ def observed_loop(
     if server is not None:
         gauges = _register_gauges(settings, using)
         try:
-            health.seen_success(metrics.restore_last_success(using))
+            seed_from_history(health, using)
         except DatabaseErrors as exc:  # the loop's backoff deals with the database
             log_event(logger, logging.WARNING, "could not read the run history at start",
                       error=type(exc).__name__)
@@ -224,6 +224,14 @@ def observed_loop(
     finally:
         if server is not None:
             server.stop()
+
+
+def seed_from_history(health: LoopHealth, using: str = "default") -> None:
+    """At start-up: the run history's last success, for `/healthz` and the last-success gauge,
+    by its age on the database's clock (which stamped it), so that a restart resets neither."""
+    since_success = store.run_history_ages(using).since_success
+    health.seen_success(since_success)
+    metrics.restore_last_success(since_success)
 
 
 _registered: dict[str, DatabaseGauges] = {}

@@ -1,10 +1,11 @@
 """What the worker deletes, in bounded chunks of their own transactions (docs/design.md §3.6):
-markers whose document has left the scan window, and old runs from the run history."""
+markers whose document has left the scan window (dated by the cycle's as-of), and old runs
+from the run history (aged on the database's clock)."""
 
 import logging
 import threading
 from collections.abc import Callable
-from datetime import date, datetime, timedelta
+from datetime import date, timedelta
 
 from core.db import delete_in_chunks
 from core.logs import log_event
@@ -36,15 +37,18 @@ def prune_expired_markers(
     return total
 
 
-def run_history_cutoff(now: datetime, settings: ReminderSettings) -> datetime:
-    """Runs that started before this instant are pruned (REMINDER_RUN_HISTORY_DAYS)."""
-    return now - timedelta(days=settings.run_history_days)
+def run_history_age(settings: ReminderSettings) -> timedelta:
+    """Runs that started longer ago than this are pruned (REMINDER_RUN_HISTORY_DAYS)."""
+    return timedelta(days=settings.run_history_days)
 
 
-def prune_run_history(using: str, cutoff: datetime, *, chunk: int = RUN_HISTORY_CHUNK) -> int:
-    """Delete runs that started before `cutoff`, in bounded chunks, one transaction each."""
+def prune_run_history(using: str, older_than: timedelta, *, chunk: int = RUN_HISTORY_CHUNK) -> int:
+    """Delete runs that started over `older_than` ago, in bounded chunks, one transaction each.
+
+    Aged on the database's clock, which stamped `started_at` (`now() - older_than`): a worker
+    whose clock runs ahead of the database's does not prune the runs it has just recorded."""
     total = delete_in_chunks(
-        using, lambda size: store.prune_run_history(using, cutoff, size), chunk=chunk
+        using, lambda size: store.prune_run_history(using, older_than, size), chunk=chunk
     )
-    log_event(logger, logging.INFO, "run history pruned", cutoff=cutoff, pruned=total)
+    log_event(logger, logging.INFO, "run history pruned", older_than=older_than, pruned=total)
     return total

@@ -255,40 +255,39 @@ def last_loop_tick(using: str) -> datetime | None:
     return None if row is None else row[0]
 
 
-def prune_run_history(using: str, cutoff: datetime, chunk: int) -> int:
-    """Delete up to `chunk` runs that started before `cutoff`; the number deleted."""
+def prune_run_history(using: str, older_than: timedelta, chunk: int) -> int:
+    """Delete up to `chunk` runs that started over `older_than` ago on the database's clock;
+    the number deleted."""
     with server_cursor(using) as cur:
-        cur.execute(QUERIES["prune_run_history"], {"cutoff": cutoff, "chunk": chunk})
+        cur.execute(QUERIES["prune_run_history"], {"older_than": older_than, "chunk": chunk})
         return cur.rowcount
 
 
-def last_successful_run_finish(using: str) -> datetime | None:
-    """End of the latest cycle that did its work (succeeded, partial or timed out)."""
-    with server_cursor(using) as cur:
-        cur.execute(QUERIES["last_successful_run_finish"], _successful())
-        row = cur.fetchone()
-    return None if row is None else row[0]
-
-
 @dataclass(frozen=True, slots=True)
-class RunRow:
-    run_id: uuid.UUID
-    status: str
-    started_at: datetime
-    finished_at: datetime | None
+class RunHistoryAges:
+    """The run history's latest success and latest run, aged on the database's clock (its
+    `now()` stamped `started_at` and `finished_at`): never compared with the worker's clock.
+    The instants are as recorded, for messages."""
+
+    last_success: datetime | None
+    since_success: timedelta | None
+    latest_status: str | None
+    latest_started_at: datetime | None
+    latest_age: timedelta | None
 
 
-def latest_run(using: str) -> RunRow | None:
-    """The most recent cycle of any instance, whatever its status."""
+def run_history_ages(using: str) -> RunHistoryAges:
+    """How long ago the latest cycle that did its work (succeeded, partial or timed out) ended,
+    and the latest cycle of any instance, whatever its status, started."""
     with server_cursor(using) as cur:
-        cur.execute(QUERIES["latest_run"])
-        row = cur.fetchone()
-    return None if row is None else RunRow(*row)
-
-
-def count_run_history(using: str, cutoff: datetime) -> int:
-    with server_cursor(using) as cur:
-        cur.execute(QUERIES["count_run_history"], {"cutoff": cutoff})
+        cur.execute(QUERIES["run_history_ages"], _successful())
         row = one(cur)
-    return int(row[0])
+    return RunHistoryAges(*row)
 
+
+def count_run_history(using: str, older_than: timedelta) -> tuple[int, datetime]:
+    """What prune_run_history would delete: (runs, the cutoff instant on the database's clock)."""
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["count_run_history"], {"older_than": older_than})
+        row = one(cur)
+    return int(row[0]), row[1]

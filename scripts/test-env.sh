@@ -10,6 +10,7 @@ prometheus_ensure
 source scripts/browser.sh
 browser_ensure
 source scripts/clock.sh
+faketime_ensure  # also for tests/acceptance/test_database_clock.py: commands on a skewed clock
 source scripts/tls.sh
 tls_tools_ensure
 

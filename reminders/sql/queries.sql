@@ -239,7 +239,7 @@ where id in (
 -- count_expired_markers: what prune_expired_markers would delete (for --dry-run)
 select count(*) from document_expiry_reminders where expires_at < %(cutoff)s::date;
 
--- close_abandoned_runs: runs left `running` long past any cycle's budget (their process was killed) are recorded as failed
+-- close_abandoned_runs: runs left `running` long past any cycle's budget (their process was killed) are recorded as failed; aged on the database's clock, which stamped started_at
 update document_expiry_reminder_runs
 set status = 'failed',
     error = 'abandoned: the process ended without recording the end of its cycle'
@@ -271,22 +271,26 @@ select max(tick) from document_expiry_reminder_runs
 where trigger = 'loop'
   and status = any(%(successful)s::text[]);
 
--- prune_run_history: delete one bounded chunk of runs that started before the cutoff (a run that old is over, even if a crash left it `running`)
+-- prune_run_history: delete one bounded chunk of runs that started longer ago than older_than on the database's clock, which stamped started_at (a run that old is over, even if a crash left it `running`)
 delete from document_expiry_reminder_runs
 where run_id in (
     select run_id from document_expiry_reminder_runs
-    where started_at < %(cutoff)s
+    where started_at < now() - %(older_than)s::interval
     limit %(chunk)s
 );
 
--- last_successful_run_finish: when the latest cycle that completed its work ended
-select max(finished_at) from document_expiry_reminder_runs
-where status = any(%(successful)s::text[]);
+-- run_history_ages: the latest successful end and the latest run, with their ages on the database's clock (now() stamped them), for the liveness checks and the last-success gauge
+select s.finished_at as last_success, now() - s.finished_at as since_success,
+       l.status as latest_status, l.started_at as latest_started_at,
+       now() - l.started_at as latest_age
+from (select max(finished_at) as finished_at from document_expiry_reminder_runs
+      where status = any(%(successful)s::text[])) s
+left join lateral (
+    select status, started_at from document_expiry_reminder_runs
+    order by started_at desc
+    limit 1
+) l on true;
 
--- latest_run: the most recent cycle, whatever its status (for the health check)
-select run_id, status, started_at, finished_at from document_expiry_reminder_runs
-order by started_at desc
-limit 1;
-
--- count_run_history: what prune_run_history would delete (for --dry-run)
-select count(*) from document_expiry_reminder_runs where started_at < %(cutoff)s;
+-- count_run_history: what prune_run_history would delete (for --dry-run), and the database's cutoff instant
+select count(*), now() - %(older_than)s::interval from document_expiry_reminder_runs
+where started_at < now() - %(older_than)s::interval;

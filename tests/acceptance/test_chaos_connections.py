@@ -101,7 +101,7 @@ def run_next(as_of: datetime) -> tuple[int, str, Worker]:
 
 
 @pytest.mark.slow
-@pytest.mark.real_clock(needs_database_clock=True)
+@pytest.mark.real_clock
 def test_loop_reconnects_with_backoff_after_its_sessions_are_terminated(
     documents: Documents,
 ) -> None:

@@ -58,7 +58,7 @@ def test_database_down_at_start_is_a_clear_error_and_writes_nothing(
 
 
 @pytest.mark.slow
-@pytest.mark.real_clock(needs_database_clock=True)
+@pytest.mark.real_clock
 def test_loop_waits_out_a_database_outage_with_backoff_and_carries_on(
     documents: Documents,
 ) -> None:

@@ -213,7 +213,7 @@ def test_parallel_instances_write_one_marker_and_one_event_per_document(
     assert sum(1 for n in sent if n) >= 2, sent
 
 
-@pytest.mark.real_clock(needs_database_clock=True)
+@pytest.mark.real_clock
 def test_loop_runs_a_missed_cycle_at_once_then_sleeps_until_sigterm(documents: Documents) -> None:
     documents(expires_at=expiring_in(3, base=real_today()))  # --loop runs as of the real clock
     worker = Command("run_expiry_reminders", "--loop",

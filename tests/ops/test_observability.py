@@ -25,14 +25,16 @@ from reminders.health import (
     liveness_from_history,
 )
 from reminders.models import ReminderRun
-from reminders.observe import ObservedCycles, observed_loop
+from reminders.observe import ObservedCycles, observed_loop, seed_from_history
 from reminders.result import CycleResult
 from reminders.retention import prune_run_history
 from tests.conftest import as_worker, command_env, manage_py
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, day, expiring_in
+from tests.support.run_history import insert_run
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+ZERO = timedelta(0)
 
 
 def sample(name: str, **labels: str) -> float:
@@ -223,45 +225,36 @@ def test_a_failed_read_keeps_the_values_and_waits_for_the_next_refresh() -> None
 
 def test_liveness_rules() -> None:
     budget = timedelta(minutes=10)
-    ok = judge_liveness(now=NOW, last_success=NOW - timedelta(hours=25), alive_since=NOW,
-                        running_since=None, max_run_duration=budget)
-    silent = judge_liveness(now=NOW, last_success=NOW - timedelta(hours=26, seconds=1),
-                            alive_since=NOW, running_since=None, max_run_duration=budget)
-    fresh = judge_liveness(now=NOW, last_success=None, alive_since=NOW - timedelta(hours=1),
-                           running_since=None, max_run_duration=budget)
-    never = judge_liveness(now=NOW, last_success=None, alive_since=NOW - timedelta(hours=27),
-                           running_since=None, max_run_duration=budget)
-    busy = judge_liveness(now=NOW, last_success=NOW, alive_since=NOW,
-                          running_since=NOW - budget - STUCK_GRACE, max_run_duration=budget)
-    stuck = judge_liveness(now=NOW, last_success=NOW, alive_since=NOW,
-                           running_since=NOW - budget - STUCK_GRACE - timedelta(seconds=1),
+    ok = judge_liveness(since_success=timedelta(hours=25), alive_for=ZERO, running_for=None,
+                        max_run_duration=budget)
+    silent = judge_liveness(since_success=timedelta(hours=26) + timedelta(seconds=1), alive_for=ZERO,
+                            running_for=None, max_run_duration=budget)
+    fresh = judge_liveness(since_success=None, alive_for=timedelta(hours=1), running_for=None,
                            max_run_duration=budget)
+    never = judge_liveness(since_success=None, alive_for=timedelta(hours=27), running_for=None,
+                           max_run_duration=budget)
+    busy = judge_liveness(since_success=ZERO, alive_for=ZERO,
+                          running_for=budget + STUCK_GRACE, max_run_duration=budget)
+    stuck = judge_liveness(since_success=ZERO, alive_for=ZERO,
+                           running_for=budget + STUCK_GRACE + timedelta(seconds=1),
+                           max_run_duration=budget, running_since=NOW)
     assert (ok.ok, silent.ok, fresh.ok, never.ok, busy.ok, stuck.ok) == (
         True, False, True, False, True, False)
-    assert "stuck" in stuck.reason and "no successful cycle" in silent.reason
+    assert "stuck" in stuck.reason and NOW.isoformat() in stuck.reason
+    unknown_start = judge_liveness(since_success=None, alive_for=ZERO,
+                                   running_for=timedelta(hours=1), max_run_duration=budget)
+    assert unknown_start.reason == "stuck: a cycle has been running for 1:00:00"
+    assert "no successful cycle" in silent.reason and "last: never" in never.reason
 
 
-def _insert_run(started_at: datetime, status: str, finished: bool = True) -> uuid.UUID:
-    run_id = uuid.uuid4()
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "insert into document_expiry_reminder_runs (run_id, as_of, started_at, finished_at,"
-            " status, thresholds) values (%s, %s, %s, %s, %s, '30,7,1,0')",
-            (run_id, started_at, started_at, started_at + timedelta(minutes=1) if finished else None,
-             status),
-        )
-    return run_id
-
-
-@pytest.mark.real_clock
-def test_run_history_is_pruned_by_age(transactional_db: None) -> None:
-    now = datetime.now(UTC)
-    old = [_insert_run(now - timedelta(days=d), "succeeded") for d in (91, 200)]
-    crashed = _insert_run(now - timedelta(days=95), "running", finished=False)
-    kept = [_insert_run(now - timedelta(days=d), "succeeded") for d in (1, 89)]
+@pytest.mark.real_clock  # the faked clocks put the worker's clock a day behind or years ahead
+def test_run_history_is_pruned_by_age_on_the_database_clock(transactional_db: None) -> None:
+    old = [insert_run(timedelta(days=d), "succeeded") for d in (91, 200)]
+    crashed = insert_run(timedelta(days=95), "running", finished=False)
+    kept = [insert_run(timedelta(days=d), "succeeded") for d in (0, 1, 89)]
 
     with as_worker():
-        pruned = prune_run_history("default", now - timedelta(days=90), chunk=1)
+        pruned = prune_run_history("default", timedelta(days=90), chunk=1)
 
     remaining = set(ReminderRun.objects.values_list("run_id", flat=True))
     assert pruned == 3 and remaining == set(kept)
@@ -280,11 +273,11 @@ def test_liveness_from_run_history(transactional_db: None) -> None:
     budget = timedelta(minutes=10)
     with as_worker():
         assert not liveness_from_history(max_run_duration=budget).ok  # nothing ever ran
-        _insert_run(datetime.now(UTC) - timedelta(hours=30), "succeeded")
+        insert_run(timedelta(hours=30), "succeeded")
         assert not liveness_from_history(max_run_duration=budget).ok
-        _insert_run(datetime.now(UTC) - timedelta(hours=2), "succeeded")
+        insert_run(timedelta(hours=2), "succeeded")
         assert liveness_from_history(max_run_duration=budget).ok
-        _insert_run(datetime.now(UTC) - timedelta(hours=1), "running", finished=False)
+        insert_run(timedelta(hours=1), "running", finished=False)
         assert "stuck" in liveness_from_history(max_run_duration=budget).reason
 
 
@@ -310,7 +303,7 @@ def _health(**env: str) -> subprocess.CompletedProcess[str]:
 @pytest.mark.real_clock
 def test_health_command_exit_codes(transactional_db: None) -> None:
     assert _health().returncode == 1  # no cycle has ever run
-    _insert_run(datetime.now(UTC) - timedelta(hours=3), "succeeded")
+    insert_run(timedelta(hours=3), "succeeded")
     healthy = _health()
     assert (healthy.returncode, healthy.stdout.startswith("healthy")) == (0, True)
     assert _health(REMINDER_MAX_RUN_DURATION="soon").returncode == 2
@@ -324,10 +317,10 @@ def test_health_command_exit_codes(transactional_db: None) -> None:
 def test_health_command_limit_is_the_polling_interval_plus_two_hours(
     transactional_db: None,
 ) -> None:
-    _insert_run(datetime.now(UTC) - timedelta(hours=30), "succeeded")
+    insert_run(timedelta(hours=30), "succeeded")
     assert _health().returncode == 1  # 26 h at the default 24 h
     assert _health(REMINDER_POLLING_INTERVAL="48h").returncode == 0  # 50 h
-    _insert_run(datetime.now(UTC) - timedelta(hours=15), "succeeded")
+    insert_run(timedelta(hours=15), "succeeded")
     assert _health().returncode == 0
     unhealthy = _health(REMINDER_POLLING_INTERVAL="12h")  # 14 h
     assert unhealthy.returncode == 1 and "14:00:00" in unhealthy.stderr
@@ -341,16 +334,34 @@ def test_loop_liveness_limit_is_the_polling_interval_plus_two_hours(
     with observed_loop(settings, {}, stop=threading.Event()) as cycles:
         health = cycles.health
     assert health is not None
-    health.seen_success(NOW - timedelta(hours=20))
+    health.seen_success(timedelta(hours=20), now=NOW)
 
     assert health.liveness(NOW).ok is alive
 
 
+@pytest.mark.real_clock  # the faked clocks put the worker's clock a day behind or years ahead
+@pytest.mark.parametrize(("success_hours_ago", "alive"), [(20, True), (27, False)])
+def test_a_restarted_loop_takes_the_last_success_by_its_age_on_the_database_clock(
+    transactional_db: None, success_hours_ago: int, alive: bool,
+) -> None:
+    insert_run(timedelta(hours=success_hours_ago), "succeeded")  # ended a minute after its start
+    health = LoopHealth(max_run_duration=timedelta(minutes=10),
+                        started_at=datetime.now(UTC) - timedelta(days=3))  # no fresh-start grace
+
+    with as_worker():
+        seed_from_history(health)
+
+    ended_ago = timedelta(hours=success_hours_ago) - timedelta(minutes=1)
+    assert health.liveness().ok is alive, health.liveness().reason
+    worker_clock_then = (datetime.now(UTC) - ended_ago).timestamp()  # the gauge's clock
+    assert abs(sample("profile_document_expiry_reminder_last_success_timestamp_seconds")
+               - worker_clock_then) < 60
+
+
 @pytest.mark.real_clock
 def test_prune_command_prunes_the_run_history(transactional_db: None) -> None:
-    now = datetime.now(UTC)
-    _insert_run(now - timedelta(days=40), "succeeded")
-    kept = _insert_run(now - timedelta(days=10), "succeeded")
+    insert_run(timedelta(days=40), "succeeded")
+    kept = insert_run(timedelta(days=10), "succeeded")
 
     def prune(*args: str) -> str:
         done = subprocess.run([*manage_py(), "prune_reminders", *args], capture_output=True,

@@ -157,7 +157,7 @@ def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     }
 
 
-@pytest.mark.real_clock(needs_database_clock=True)
+@pytest.mark.real_clock
 def test_worker_serves_metrics_of_its_cycle(documents: Documents) -> None:
     _documents_for_demo(documents)
     with worker_loop() as worker:
@@ -212,7 +212,7 @@ def _query_rows(base: str, promql: str, rows: int) -> list[dict[str, Any]] | Non
     return result if len(result) == rows else None
 
 
-@pytest.mark.real_clock(needs_database_clock=True)
+@pytest.mark.real_clock
 def test_a_real_prometheus_scrapes_the_worker(documents: Documents, tmp_path: Path) -> None:
     binary = shutil.which("prometheus")
     assert binary, "prometheus is missing: scripts/test.sh installs Debian's prometheus package"
