@@ -23,6 +23,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import queue
 import sys
 import time
 import uuid
@@ -215,7 +216,13 @@ def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, b
             raise RuntimeError("a relay process did not get ready")
     started = time.perf_counter()
     start.set()
-    published = [results.get(timeout=3600) for _ in processes]
+    published: list[int] = []
+    while len(published) < relays:
+        try:
+            published.append(results.get(timeout=1))
+        except queue.Empty:
+            if any(p.exitcode not in {None, 0} for p in processes):
+                raise RuntimeError("a relay process failed") from None
     seconds = time.perf_counter() - started
     for process in processes:
         process.join(60)

@@ -83,6 +83,7 @@ class RelayStats(_Deliveries):
     batches: int = 0
     parked: int = 0
     pruned: int = 0
+    stood_by: bool = False  # another relay was leading when this one looked for work
     # Seconds waited after each consecutive "broker unavailable" or database failure.
     backoffs: list[float] = field(default_factory=list)
 
@@ -262,10 +263,11 @@ class Relay:
             self._leading = store.try_to_lead(self.using)
             if self._leading:
                 log_event(logger, logging.INFO, "relay leading", relay_id=self.relay_id)
-            elif not self._standing_by:
+            elif not self._standing_by:  # said once, not at every look
                 log_event(logger, logging.INFO, "another relay leads, standing by",
                           relay_id=self.relay_id)
             self._standing_by = not self._leading
+            self.stats.stood_by = self.stats.stood_by or self._standing_by
         return self._leading
 
     def resign(self) -> None:

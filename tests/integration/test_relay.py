@@ -77,9 +77,11 @@ def test_events_reach_the_topic_with_key_payload_and_headers_intact(
 
 
 def relay_lock_holders() -> list[int]:
-    """The sessions holding the relays' advisory lock (at most one)."""
+    """The sessions holding the relays' advisory lock on the test database (at most one)."""
     with connection.cursor() as cursor:
         cursor.execute("select pid from pg_locks where locktype = 'advisory' and granted"
+                       " and database = (select oid from pg_database"
+                       "                 where datname = current_database())"
                        " and classid = %s and objid = %s and objsubid = 1",
                        [store.RELAY_LOCK >> 32, store.RELAY_LOCK & 0xFFFF_FFFF])
         return [int(r[0]) for r in cursor.fetchall()]
@@ -147,6 +149,22 @@ def test_only_one_relay_leads_at_a_time_and_resigning_hands_over(transactional_d
             assert store.try_to_lead("default") is False
     finally:
         other.close()
+
+
+def test_a_pass_while_another_relay_leads_stands_by_and_sends_nothing(
+    transactional_db: None, kafka: MockKafkaCluster
+) -> None:
+    interleaved_rows(keys=2, per_key=1)
+    leader = psycopg.connect(test_database_url(), autocommit=True)
+    try:
+        leader.execute("select pg_advisory_lock(%s)", [store.RELAY_LOCK])
+        with as_relay():
+            stats = Relay(relay_settings(kafka.bootstrap_servers)).run_pass()
+    finally:
+        leader.close()
+
+    assert (stats.stood_by, stats.claimed, stats.published, unpublished_count()) == (True, 0, 0, 2)
+    assert read_topic(kafka.bootstrap_servers) == []
 
 
 def test_a_row_committed_late_behind_published_ones_is_not_skipped(
