@@ -246,8 +246,6 @@ class Relay:
                 break
             self._poll(producer, min(FLUSH_SLICE_S, deadline - now))
 
-    # --- batches ---------------------------------------------------------------------------
-
     # --- leadership ------------------------------------------------------------------------
 
     def lead(self) -> bool:
