@@ -1,26 +1,33 @@
-"""Relay benchmark (issue 6): events per second from outbox rows to acknowledged delivery on
-librdkafka's mock cluster, beside a raw confluent-kafka producer sending the same messages
-from memory (the floor: no database at all).
+"""Relay benchmark (issues 6 and 15): events per second from outbox rows to acknowledged
+delivery on librdkafka's mock cluster, beside a raw confluent-kafka producer sending the same
+messages from memory (the floor: no database at all), in one run.
 
-    python bench/relay_bench.py [--events 100000] [--batch-size 500 --batch-size 5000]
-                                [--bootstrap HOST:PORT]
+    python bench/relay_bench.py [--events 100000 --events 1000000] [--relays 1 --relays 2]
+                                [--batch-size 5000] [--bootstrap HOST:PORT]
 
-`--bootstrap` measures against a broker already running there (a Tansu process, for one:
-docs/outbox-relay.md) instead of librdkafka's in-process mock cluster.
+For each event count: the raw producer; the relay (`run_pass`) in 1 and in 2 processes at once
+on the same outbox (one leads, the others stand by: docs/outbox-relay.md), timed from the
+moment every process is ready until the last one is done; and the relay's database statements
+alone (read + mark, no Kafka), the database's share, which bounds the relay. "vs raw" compares
+each line with the raw producer of the same event count, measured minutes apart.
 
-A third line per batch size runs only the relay's claim and mark statements (no Kafka): the
-database's share, which bounds the relay. It creates a fresh database (BENCH_DATABASE_URL, default
-postgres://postgres@127.0.0.1:5432/pin_profile_relay_bench), migrates it, COPYs the rows in,
-and prints a table (and --json PATH writes it as JSON). Not a test: a smoke run of `measure`
-with a few hundred events runs in the test suite so that this cannot rot.
+`--bootstrap` measures against a broker already running there (a Tansu process, for one)
+instead of librdkafka's in-process mock cluster. It creates a fresh database
+(BENCH_DATABASE_URL, default postgres://postgres@127.0.0.1:5432/pin_profile_relay_bench),
+migrates it, COPYs the rows in, and prints a table (and --json PATH writes it as JSON). Not a
+test: a smoke run of `measure` with a few hundred events runs in the test suite so that this
+cannot rot.
 """
 
 import argparse
 import json
+import multiprocessing
 import os
+import queue
 import sys
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -30,12 +37,18 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pin_profile_relay_bench"
 
 
+RAW = "raw producer (from memory)"
+RELAY = "relay (outbox -> acknowledged)"
+DB_ONLY = "database only (read + mark)"
+
+
 @dataclass(frozen=True)
 class Measurement:
     name: str
     events: int
     batch_size: int | None
     seconds: float
+    relays: int | None = None
 
     @property
     def per_second(self) -> float:
@@ -72,7 +85,7 @@ def bench_messages(count: int, topic_seed: int = 0) -> list[BenchMessage]:
     return messages
 
 
-def load_outbox(messages: list[BenchMessage], topic: str, using: str = "default") -> None:
+def load_outbox(messages: Iterable[BenchMessage], topic: str, using: str = "default") -> None:
     """COPY the messages into outbox_messages as unpublished rows."""
     from core.db import raw_connection
 
@@ -139,35 +152,88 @@ def measure_raw(messages: list[BenchMessage], bootstrap: str, topic: str,
     seconds = time.perf_counter() - started
     if remaining or failed:
         raise RuntimeError(f"raw producer: {remaining} undelivered, {len(failed)} failed")
-    return Measurement("raw producer (from memory)", len(messages), None, seconds)
+    return Measurement(RAW, len(messages), None, seconds)
 
 
-def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, batch_size: int,
-                  linger_ms: int, using: str = "default") -> Measurement:
-    """The relay's one pass over the same messages, loaded as outbox rows first (not timed)."""
+def _database_url(using: str) -> str:
     from django.db import connections
 
+    settings = connections[using].settings_dict
+    return (f"postgres://{settings['USER']}@{settings['HOST'] or '127.0.0.1'}:"
+            f"{settings['PORT'] or 5432}/{settings['NAME']}")
+
+
+@dataclass(frozen=True)
+class RelayJob:
+    database_url: str
+    bootstrap: str
+    batch_size: int
+    linger_ms: int
+
+
+def _relay_process(job: RelayJob, ready: Any, start: Any, results: Any) -> None:
+    """One relay process: set up Django, connect, say ready, wait for the start, one pass."""
+    os.environ.update(DATABASE_URL=job.database_url, LOG_LEVEL="ERROR",
+                      DJANGO_SETTINGS_MODULE="pin_profile.settings")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
+    from core.db import raw_connection
     from outbox.config import RelaySettings
     from outbox.relay import Relay
 
+    settings = RelaySettings(bootstrap_servers=job.bootstrap, batch_size=job.batch_size,
+                             linger=timedelta(milliseconds=job.linger_ms))
+    relay = Relay(settings)
+    raw_connection("default")
+    relay.connect()
+    ready.release()
+    start.wait()
+    stats = relay.run_pass()
+    relay.close()
+    results.put(stats.published)
+
+
+def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, batch_size: int,
+                  linger_ms: int, relays: int = 1, using: str = "default") -> Measurement:
+    """`relays` relay processes, one pass each, over the messages loaded as outbox rows first
+    (not timed); timed from all processes ready to the last one done."""
+    from django.db import connections
+
     with connections[using].cursor() as cursor:
         cursor.execute("truncate outbox_messages")
-    load_outbox(messages, topic, using)
-    settings = RelaySettings(bootstrap_servers=bootstrap, batch_size=batch_size,
-                             linger=timedelta(milliseconds=linger_ms))
-    relay = Relay(settings, using=using)
+    load_outbox((m for m in messages), topic, using)
+    context = multiprocessing.get_context("spawn")
+    ready, start, results = context.Semaphore(0), context.Event(), context.Queue()
+    job = RelayJob(_database_url(using), bootstrap, batch_size, linger_ms)
+    processes = [context.Process(target=_relay_process, args=(job, ready, start, results))
+                 for _ in range(relays)]
+    for process in processes:
+        process.start()
+    for _ in processes:
+        if not ready.acquire(timeout=120):
+            raise RuntimeError("a relay process did not get ready")
     started = time.perf_counter()
-    stats = relay.run_pass()
+    start.set()
+    published: list[int] = []
+    while len(published) < relays:
+        try:
+            published.append(results.get(timeout=1))
+        except queue.Empty:
+            if any(p.exitcode not in {None, 0} for p in processes):
+                raise RuntimeError("a relay process failed") from None
     seconds = time.perf_counter() - started
-    relay.close()
-    if stats.published != len(messages):
-        raise RuntimeError(f"relay published {stats.published} of {len(messages)}")
-    return Measurement("relay (outbox -> acknowledged)", len(messages), batch_size, seconds)
+    for process in processes:
+        process.join(60)
+    if sum(published) != len(messages):
+        raise RuntimeError(f"relays published {published} of {len(messages)}")
+    return Measurement(RELAY, len(messages), batch_size, seconds, relays)
 
 
 def measure_db_floor(messages: list[BenchMessage], batch_size: int,
                      using: str = "default") -> Measurement:
-    """The database's share alone: the relay's claim and mark statements, no Kafka at all."""
+    """The database's share alone: the relay's read and mark statements, no Kafka at all."""
     from django.db import connections
 
     from outbox import store
@@ -175,47 +241,53 @@ def measure_db_floor(messages: list[BenchMessage], batch_size: int,
     with connections[using].cursor() as cursor:
         cursor.execute("truncate outbox_messages")
     load_outbox(messages, "bench.db-floor", using)
-    lease = timedelta(minutes=2)
     store.relax_commit_durability(using)  # as the relay's session does
+    after = store.START
     started = time.perf_counter()
-    while claimed := store.claim_batch(using, batch_size=batch_size, lease=lease,
-                                       relay_id="bench"):
-        store.mark_published(using, [m.id for m in claimed])
+    while read := store.read_batch(using, batch_size=batch_size, after=after):
+        store.mark_published(using, [m.id for m in read])
+        after = (read[-1].created_at, read[-1].id)
     seconds = time.perf_counter() - started
-    return Measurement("database only (claim + mark)", len(messages), batch_size, seconds)
+    return Measurement(DB_ONLY, len(messages), batch_size, seconds)
 
 
-def measure(events: int, batch_sizes: list[int], linger_ms: int = 5,
-            using: str = "default", bootstrap: str | None = None) -> list[Measurement]:
-    """Raw producer, then the relay at each batch size, each on a fresh topic of a fresh mock
-    cluster (or of the broker at `bootstrap`)."""
+def measure(events: list[int], *, batch_size: int = 5000, relays: list[int] | None = None,
+            linger_ms: int = 5, using: str = "default",
+            bootstrap: str | None = None) -> list[Measurement]:
+    """Per event count: the raw producer, the relay with each number of processes, and the
+    database alone; each Kafka line on a fresh topic of one mock cluster (or of the broker at
+    `bootstrap`)."""
     from devtools.mock_kafka import MockKafkaCluster
 
     results = []
     run = uuid.uuid4().hex[:8]  # a broker that outlives the run gets new topics each time
     with MockKafkaCluster(3) as cluster:
         servers = bootstrap or cluster.bootstrap_servers
-        raw_topic = f"bench.raw.{run}"
-        _warm_up(servers, raw_topic)
-        results.append(measure_raw(bench_messages(events), servers, raw_topic, linger_ms))
-        for n, batch_size in enumerate(batch_sizes):
-            topic = f"bench.relay.{run}.{n}"
-            _warm_up(servers, topic)
-            results.append(measure_relay(bench_messages(events, n + 1), servers, topic,
-                                         batch_size=batch_size, linger_ms=linger_ms,
-                                         using=using))
-    for batch_size in batch_sizes:
-        results.append(measure_db_floor(bench_messages(events, 99), batch_size, using))
+        for count in events:
+            messages = bench_messages(count)
+            raw_topic = f"bench.raw.{run}.{count}"
+            _warm_up(servers, raw_topic)
+            results.append(measure_raw(messages, servers, raw_topic, linger_ms))
+            for processes in relays or [1, 2]:
+                topic = f"bench.relay.{run}.{count}.{processes}"
+                _warm_up(servers, topic)
+                results.append(measure_relay(messages, servers, topic, batch_size=batch_size,
+                                             linger_ms=linger_ms, relays=processes,
+                                             using=using))
+            results.append(measure_db_floor(messages, batch_size, using))
     return results
 
 
 def table(results: list[Measurement]) -> str:
-    floor = results[0].per_second
-    lines = [f"{'what':<34} {'batch':>6} {'events':>8} {'seconds':>8} {'events/s':>10} {'vs raw':>7}"]
+    raw = {r.events: r.per_second for r in results if r.name == RAW}
+    lines = [f"{'what':<31} {'events':>8} {'relays':>6} {'batch':>6} {'seconds':>8} "
+             f"{'events/s':>10} {'vs raw':>7}"]
     for r in results:
         batch = "-" if r.batch_size is None else str(r.batch_size)
-        lines.append(f"{r.name:<34} {batch:>6} {r.events:>8} {r.seconds:>8.2f} "
-                     f"{r.per_second:>10,.0f} {r.per_second / floor:>6.0%}")
+        relays = "-" if r.relays is None else str(r.relays)
+        share = f"{r.per_second / raw[r.events]:>6.0%}" if r.events in raw else "     -"
+        lines.append(f"{r.name:<31} {r.events:>8} {relays:>6} {batch:>6} {r.seconds:>8.2f} "
+                     f"{r.per_second:>10,.0f} {share:>7}")
     return "\n".join(lines)
 
 
@@ -231,8 +303,11 @@ def _fresh_database(url: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--events", type=int, default=100_000)
-    parser.add_argument("--batch-size", type=int, action="append", dest="batch_sizes")
+    parser.add_argument("--events", type=int, action="append",
+                        help="events per measurement, repeatable (default: 100000 and 1000000)")
+    parser.add_argument("--relays", type=int, action="append",
+                        help="relay processes at once, repeatable (default: 1 and 2)")
+    parser.add_argument("--batch-size", type=int, default=5000)
     parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--bootstrap", metavar="HOST:PORT",
@@ -249,11 +324,13 @@ def main(argv: list[str] | None = None) -> int:
 
     django.setup()
     call_command("migrate", verbosity=0)
-    results = measure(args.events, args.batch_sizes or [500, 5000], args.linger_ms,
+    results = measure(args.events or [100_000, 1_000_000], batch_size=args.batch_size,
+                      relays=args.relays or [1, 2], linger_ms=args.linger_ms,
                       bootstrap=args.bootstrap)
     broker = f"the broker at {args.bootstrap}" if args.bootstrap else "mock cluster of 3 brokers"
-    print(f"relay benchmark: {args.events} events, {broker}, "
-          f"linger {args.linger_ms} ms, {os.cpu_count()} cores")
+    load = " ".join(f"{n:.1f}" for n in os.getloadavg())
+    print(f"relay benchmark: {broker}, linger {args.linger_ms} ms, {os.cpu_count()} cores, "
+          f"load average at the end {load}")
     print(table(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

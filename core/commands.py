@@ -42,7 +42,20 @@ class ProjectCommand(BaseCommand):
         except ConfigError as exc:
             # An option's name starts with "--": that is usage, not configuration.
             message = str(exc) if exc.name.startswith("--") else f"bad configuration: {exc}"
+            flush_log_handlers()
             raise usage_error(message) from None
+        except CommandError:
+            flush_log_handlers()  # the log lines that led here come before the command's line
+            raise
+
+
+def flush_log_handlers() -> None:
+    """Write what every handler still holds (the stderr handler queues its records)."""
+    loggers = [logging.getLogger(), *(item for item in logging.Logger.manager.loggerDict.values()
+                                     if isinstance(item, logging.Logger))]
+    for each in loggers:
+        for handler in each.handlers:
+            handler.flush()
 
 
 @contextmanager

@@ -1,10 +1,12 @@
-"""The outbox relay (docs/outbox-relay.md): claim rows, produce them to Kafka, mark them.
+"""The outbox relay (docs/outbox-relay.md): read rows, produce them to Kafka, mark them.
 
-A batch is: one statement claims (leases) up to `batch_size` rows, each the oldest unpublished
-row of its key, and commits; the rows are produced; the relay waits for their delivery reports;
-then delivered rows are marked published, rows the broker could not take are released without
-an attempt counted, and undeliverable rows get an attempt counted, a retry delay, and are
-parked after `max_attempts`. No transaction is open during any Kafka call.
+One relay at a time publishes: the one holding the relays' session advisory lock (the others
+stand by, and one of them takes over when the leader's database session ends). A batch is: one
+statement reads up to `batch_size` rows, each the oldest unpublished row of its key, after the
+last batch read; the rows are produced; the relay waits for their delivery reports; then
+delivered rows are marked published (one statement), rows the broker could not take stay
+unpublished without an attempt counted, and undeliverable rows get an attempt counted, a retry
+delay, and are parked after `max_attempts`. No transaction is open during any Kafka call.
 """
 
 import contextlib
@@ -17,7 +19,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -38,7 +40,7 @@ PRUNE_EVERY_S = 600.0
 # Extra time past the producer's own delivery timeout before the relay stops waiting.
 FLUSH_MARGIN_S = 5.0
 FLUSH_SLICE_S = 0.2
-# Batches in flight at once: the next claim overlaps the previous batch's delivery wait.
+# Batches in flight at once: the next read overlaps the previous batch's delivery wait.
 PIPELINE_DEPTH = 2
 
 Wait = Callable[[float], object]
@@ -46,7 +48,7 @@ Wait = Callable[[float], object]
 
 @dataclass(slots=True)
 class _Deliveries:
-    """Rows claimed, and what became of them."""
+    """Rows read and produced (`claimed`), and what became of them."""
 
     claimed: int = 0
     published: int = 0
@@ -82,6 +84,7 @@ class RelayStats(_Deliveries):
     batches: int = 0
     parked: int = 0
     pruned: int = 0
+    stood_by: bool = False  # another relay was leading when this one looked for work
     # Seconds waited after each consecutive "broker unavailable" or database failure.
     backoffs: list[float] = field(default_factory=list)
 
@@ -98,7 +101,7 @@ class _Delivery:
 
 @dataclass(slots=True)
 class _Batch:
-    """Claimed rows handed to the producer, their delivery reports as they come, and when to
+    """Rows read and handed to the producer, their delivery reports as they come, and when to
     stop waiting for them."""
 
     claimed: list[store.ClaimedMessage]
@@ -137,7 +140,9 @@ class Relay:
         self._refused: KafkaError | None = None  # the first refusal: the relay stops on it
         self._errors = kafka.RepeatFilter()
         self._stop_seen_at: float | None = None
-        self._relaxed: object | None = None
+        self._session: object | None = None  # the database session the relay last led on
+        self._leading = False
+        self._standing_by = False
 
     # --- Kafka -----------------------------------------------------------------------------
 
@@ -244,28 +249,56 @@ class Relay:
                 break
             self._poll(producer, min(FLUSH_SLICE_S, deadline - now))
 
+    # --- leadership ------------------------------------------------------------------------
+
+    def lead(self) -> bool:
+        """True while this relay holds the relays' lock: taken, without waiting, once per
+        database session (a session that ended released it, and a standby may hold it now)."""
+        session = connections[self.using].connection
+        if session is None or session is not self._session:
+            # A new database session: its commits need no WAL flush wait (a lost mark after a
+            # database crash only means sending those rows again).
+            self._session = store.relax_commit_durability(self.using)
+            self._leading = False
+        if not self._leading:
+            self._leading = store.try_to_lead(self.using)
+            if self._leading:
+                log_event(logger, logging.INFO, "relay leading", relay_id=self.relay_id)
+            elif not self._standing_by:  # said once, not at every look
+                log_event(logger, logging.INFO, "another relay leads, standing by",
+                          relay_id=self.relay_id)
+            self._standing_by = not self._leading
+            self.stats.stood_by = self.stats.stood_by or self._standing_by
+        return self._leading
+
+    def resign(self) -> None:
+        """Release the lock (if this relay still holds it on a live session)."""
+        session = connections[self.using].connection
+        if self._leading and session is not None and session is self._session:
+            with contextlib.suppress(*DatabaseErrors):
+                store.resign(self.using)
+        self._leading = False
+
     # --- batches ---------------------------------------------------------------------------
 
-    def _claim_and_produce(self) -> "_Batch | None":
-        """Claim a batch (committed at once) and hand it to the producer; None if none."""
+    def _read_and_produce(self, after: tuple[datetime, uuid.UUID]) -> "_Batch | None":
+        """Read a batch after `after` and hand it to the producer; None if none, or if another
+        relay leads."""
         self._check_refused()
-        if self._relaxed is None or self._relaxed is not connections[self.using].connection:
-            # Once per database session: commits need no WAL flush wait (a lost claim or mark
-            # after a database crash only means sending those rows again).
-            self._relaxed = store.relax_commit_durability(self.using)
-        claimed = store.claim_batch(
-            self.using, batch_size=self.settings.batch_size, lease=self.settings.claim_ttl,
-            relay_id=self.relay_id,
-        )
-        if not claimed:
+        if not self.lead():
+            return None
+        read = store.read_batch(self.using, batch_size=self.settings.batch_size, after=after)
+        if not read:
             return None
         producer = self.producer
         deadline = (time.monotonic() + self.settings.delivery_timeout.total_seconds()
                     + FLUSH_MARGIN_S)
-        batch = _Batch(claimed, {}, deadline, producer)
-        for message in claimed:
+        batch = _Batch(read, {}, deadline, producer)
+        for message in read:
             self._produce(producer, message, batch.deliveries)
         self._poll(producer, 0)
+        log_event(logger, logging.DEBUG, "batch produced", relay_id=self.relay_id,
+                  produced=len(read))
         return batch
 
     def _finish(self, batch: "_Batch") -> BatchOutcome:
@@ -273,35 +306,40 @@ class Relay:
         return self._record(batch.claimed, batch.deliveries)
 
     def publish_batch(self) -> BatchOutcome:
-        """One batch, start to end: claim, produce, await the reports, record the outcome."""
+        """One batch, start to end: read, produce, await the reports, record the outcome."""
         if self.stop.is_set():
             return BatchOutcome()
-        batch = self._claim_and_produce()
+        batch = self._read_and_produce(store.START)
         return BatchOutcome() if batch is None else self._finish(batch)
 
     def publish_available(self) -> BatchOutcome:
-        """Batches until a claim comes back empty, the broker is unavailable, or stop; the next
-        batch is claimed and produced while the previous one awaits its delivery reports
-        (safe for order: a key's next row is claimable only once its head is marked)."""
+        """Batches until a read comes back empty, the broker is unavailable, or stop; the next
+        batch is read (after the previous one) and produced while the previous one awaits its
+        delivery reports (safe for order: a key's next row is read only once its head is
+        marked; a row it passed over, or one committed late behind the position, is read by
+        the next call, which starts from the beginning)."""
         total = BatchOutcome()
         in_flight: deque[_Batch] = deque()
-        claiming = True
+        after = store.START
+        reading = True
         while True:
-            while (claiming and len(in_flight) < PIPELINE_DEPTH and not self.stop.is_set()
+            while (reading and len(in_flight) < PIPELINE_DEPTH and not self.stop.is_set()
                    and self._refused is None):
-                batch = self._claim_and_produce()
+                batch = self._read_and_produce(after)
                 if batch is None:
-                    claiming = False
+                    reading = False
                 else:
                     in_flight.append(batch)
+                    last = batch.claimed[-1]
+                    after = (last.created_at, last.id)
             if not in_flight:
                 return total
             outcome = self._finish(in_flight.popleft())
             total.merge(outcome)
             if outcome.broker_unavailable:
-                claiming = False
+                reading = False
             if self._refused is not None and not in_flight:
-                self._check_refused()  # every claimed row released first
+                self._check_refused()  # every batch in flight accounted for first
 
     def _record(self, claimed: list[store.ClaimedMessage],
                 deliveries: dict[uuid.UUID, _Delivery]) -> BatchOutcome:
@@ -327,7 +365,7 @@ class Relay:
                           message_id=message.id, attempt=message.attempts + 1,
                           error=kafka.describe(error), retry_in_s=round(retry_in, 3))
         outcome.published = store.mark_published(self.using, delivered)
-        outcome.released = store.release_claims(self.using, unavailable, self.relay_id)
+        outcome.released = len(unavailable)  # left unpublished: read again next time
         outcome.failed = len(failures)
         outcome.parked = store.record_failures(self.using, failures, self.settings.max_attempts)
         for message_id in outcome.parked:
@@ -365,12 +403,16 @@ class Relay:
     # --- one pass, and the loop ----------------------------------------------------------
 
     def run_pass(self) -> RelayStats:
-        """Publish until nothing is deliverable (or the broker is unavailable), then prune."""
-        while not self.stop.is_set():
-            outcome = self.publish_available()
-            if outcome.claimed == 0 or outcome.broker_unavailable:
-                break
-        self.prune()
+        """Publish until nothing is deliverable (or the broker is unavailable), then prune; a
+        relay that finds another one leading publishes nothing (that one does)."""
+        try:
+            while not self.stop.is_set():
+                outcome = self.publish_available()
+                if outcome.claimed == 0 or outcome.broker_unavailable:
+                    break
+            self.prune()
+        finally:
+            self.resign()
         return self.stats
 
     def _back_off(self, failures: int, reason: str, **fields: Any) -> None:
@@ -382,7 +424,7 @@ class Relay:
         self._wait(delay)
 
     def run_loop(self, wakeup: Wakeup | None = None) -> RelayStats:
-        """Publish continuously until `stop`: a full or productive batch claims again at once,
+        """Publish continuously until `stop`: a full or productive batch reads again at once,
         an empty one waits for a notification or the poll interval, failures back off."""
         wakeup = wakeup or Wakeup(self.using)
         unavailable = db_failures = 0
@@ -426,7 +468,9 @@ class Relay:
         return self.stats
 
     def close(self) -> None:
-        """Let the producer finish (nothing is in flight between batches) and drop it."""
+        """Hand the lead over, let the producer finish (nothing is in flight between batches)
+        and drop it."""
+        self.resign()
         if self._producer is not None:
             try:
                 self._producer.flush(self.settings.shutdown_grace.total_seconds())

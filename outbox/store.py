@@ -6,7 +6,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ QUERIES = QueryFile(QUERIES_FILE)
 
 @dataclass(frozen=True, slots=True)
 class ClaimedMessage:
-    """A leased outbox row, as the producer needs it (the payload stays opaque text)."""
+    """A deliverable outbox row, as the producer needs it (the payload stays opaque text)."""
 
     id: uuid.UUID
     topic: str
@@ -74,22 +74,41 @@ def relax_commit_durability(using: str) -> psycopg.Connection[Any]:
     return conn
 
 
-def claim_batch(using: str, *, batch_size: int, lease: timedelta, relay_id: str) -> list[ClaimedMessage]:
-    """Lease up to `batch_size` deliverable rows (per key only its oldest), committed at once."""
+# The relays' session advisory lock: the one relay holding it publishes, the others stand by.
+RELAY_LOCK = 7_203_100_001
+
+# Before every row: a read position's start.
+START = (datetime(1, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
+
+
+def try_to_lead(using: str) -> bool:
+    """Take the relays' lock for this database session, without waiting; True if taken."""
     with server_cursor(using) as cur:
-        cur.execute(
-            QUERIES["claim_batch"], {"batch_size": batch_size, "lease": lease, "relay_id": relay_id}
-        )
+        cur.execute(QUERIES["try_to_lead"], {"lock": RELAY_LOCK})
+        return bool(one(cur)[0])
+
+
+def resign(using: str) -> None:
+    """Release the relays' lock held by this database session."""
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["resign"], {"lock": RELAY_LOCK})
+
+
+def read_batch(using: str, *, batch_size: int,
+               after: tuple[datetime, uuid.UUID] = START) -> list[ClaimedMessage]:
+    """Up to `batch_size` deliverable rows after `after` in (created_at, id) order, per key only
+    its oldest; nothing is written (only the leading relay reads)."""
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["read_batch"], {"batch_size": batch_size,
+                                            "after_created_at": after[0], "after_id": after[1]})
         rows = cur.fetchall()
-    claimed = [
+    return [
         ClaimedMessage(
             id=r[0], topic=r[1], key=r[2], payload=r[3], headers=json.loads(r[4]),
             aggregate_type=r[5], aggregate_id=r[6], created_at=r[7], attempts=r[8],
         )
         for r in rows
     ]
-    claimed.sort(key=lambda m: (m.created_at, m.id))
-    return claimed
 
 
 def mark_published(using: str, ids: Sequence[uuid.UUID]) -> int:
@@ -98,15 +117,6 @@ def mark_published(using: str, ids: Sequence[uuid.UUID]) -> int:
         return 0
     with server_cursor(using) as cur:
         cur.execute(QUERIES["mark_published"], {"ids": list(ids)})
-        return cur.rowcount
-
-
-def release_claims(using: str, ids: Sequence[uuid.UUID], relay_id: str) -> int:
-    """Hand this relay's claimed rows back, unpublished and with no attempt counted."""
-    if not ids:
-        return 0
-    with server_cursor(using) as cur:
-        cur.execute(QUERIES["release_claims"], {"ids": list(ids), "relay_id": relay_id})
         return cur.rowcount
 
 

@@ -1,29 +1,30 @@
 -- Every SQL statement of the outbox relay, by name. Loaded by outbox.store.
 -- Blocks start with `-- name: description`. Parameters are psycopg's %(name)s.
--- Times come from the database's now(); a row is claimable when it is unpublished, not parked,
--- and its available_at (a claim lease or a retry delay) is null or past.
+-- Times come from the database's now(); a row is deliverable when it is unpublished, not parked,
+-- and its available_at (a retry delay) is null or past.
 
--- claim_batch: lease up to batch_size deliverable rows, each the oldest unpublished row of its key, skipping rows other relays hold
-update outbox_messages m
-set available_at = now() + %(lease)s::interval,
-    claimed_by = %(relay_id)s
-where m.id = any(array(
-    select o.id
-    from outbox_messages o
-    where o.published_at is null
-      and o.parked_at is null
-      and (o.available_at is null or o.available_at <= now())
-      -- Order per key: only the head of each key; a leased, delayed or parked head holds its key.
-      and not exists (
-          select 1 from outbox_messages older
-          where older.message_key = o.message_key
-            and older.published_at is null
-            and (older.created_at, older.id) < (o.created_at, o.id))
-    order by o.created_at, o.id
-    limit %(batch_size)s
-    for update of o skip locked))
-returning m.id, m.topic, m.message_key, m.payload::text, m.headers::text, m.aggregate_type,
-          m.aggregate_id, m.created_at, m.attempts;
+-- read_batch: up to batch_size deliverable rows after a (created_at, id) position, in that order, each the oldest unpublished row of its key; read by the one leading relay, so nothing is leased
+select o.id, o.topic, o.message_key, o.payload::text, o.headers::text, o.aggregate_type,
+       o.aggregate_id, o.created_at, o.attempts
+from outbox_messages o
+where o.published_at is null
+  and o.parked_at is null
+  and (o.available_at is null or o.available_at <= now())
+  and (o.created_at, o.id) > (%(after_created_at)s::timestamptz, %(after_id)s::uuid)
+  -- Order per key: only the head of each key; a delayed, parked or in-flight head holds its key.
+  and not exists (
+      select 1 from outbox_messages older
+      where older.message_key = o.message_key
+        and older.published_at is null
+        and (older.created_at, older.id) < (o.created_at, o.id))
+order by o.created_at, o.id
+limit %(batch_size)s;
+
+-- try_to_lead: take the relays' session advisory lock without waiting: true for the one relay that publishes, false for a standby
+select pg_try_advisory_lock(%(lock)s::bigint);
+
+-- resign: release the relays' session advisory lock, so that a standby leads at once
+select pg_advisory_unlock(%(lock)s::bigint);
 
 -- mark_published: record rows whose delivery report succeeded
 update outbox_messages
@@ -33,14 +34,6 @@ set published_at = now(),
     claimed_by = null
 where id = any(%(ids)s::uuid[])
   and published_at is null;
-
--- release_claims: hand rows back unpublished (broker unavailable, or shutdown), without counting an attempt
-update outbox_messages
-set available_at = null,
-    claimed_by = null
-where id = any(%(ids)s::uuid[])
-  and published_at is null
-  and claimed_by = %(relay_id)s;
 
 -- record_failures: count a failed delivery per row, delay its retry, and park it once it has used its attempts
 update outbox_messages m
@@ -97,7 +90,7 @@ select count(*) filter (where parked_at is null) as unpublished,
 from outbox_messages
 where published_at is null;
 
--- relax_commit_durability: this session's commits do not wait for the WAL flush (a crash may undo the last marks or claims: those rows are sent again, which at-least-once allows)
+-- relax_commit_durability: this session's commits do not wait for the WAL flush (a crash may undo the last marks: those rows are sent again, which at-least-once allows)
 set synchronous_commit = off;
 
 -- listen_for_new_rows: this session hears the insert trigger's notifications (channel `outbox_messages`, migration 0003_relay_claims)

@@ -1,8 +1,8 @@
-"""The whole path under stress: 4 workers racing while 2 relays publish, the broker going down
-in the middle of it, a relay stopped with SIGTERM while its batch is claimed (produced, not yet
-marked) and replaced. Both relays publish; every event reaches the topic (at least once, same
-message id on a redelivery), in order per owner, and the database invariants hold. The relay
-runs under its least-privilege role."""
+"""The whole path under stress: 4 workers racing while 2 relays run (one leads, one stands by),
+the broker going down in the middle of it, the leading relay stopped with SIGTERM while its
+batch is produced and not yet marked, the standby taking over, and the stopped one replaced.
+Every event reaches the topic (at least once, same message id on a redelivery), in order per
+owner, and the database invariants hold. The relay runs under its least-privilege role."""
 
 import json
 import signal
@@ -70,11 +70,6 @@ def published() -> int:
     return int(scalar("select count(*) from outbox_messages where published_at is not null"))
 
 
-def claimed_by(relay: str) -> int:
-    return int(scalar("select count(*) from outbox_messages where claimed_by = %s"
-                      " and published_at is null", (relay,)))
-
-
 def relays_waiting_on_their_mark() -> int:
     """Relay sessions on the test database that wait on `marking_held`'s lock."""
     return int(scalar("select count(*) from pg_locks l join pg_stat_activity a using (pid)"
@@ -111,22 +106,26 @@ def test_workers_and_relays_racing_through_a_broker_outage_and_a_sigterm_lose_no
         assert codes == [0] * WORKERS, [w.lines[-3:] for w in workers]
         waiting = unpublished()
         assert waiting > 0  # the rows wait for the broker
-        # The broker comes back; each relay's marks wait on a lock this test holds, so the
-        # first relay is stopped with SIGTERM while its batch is claimed, produced and not marked.
-        stopped, other = relay_id(logs[0]), relay_id(logs[1])
+        # The broker comes back; the leading relay's marks wait on a lock this test holds, so
+        # it is stopped with SIGTERM while its batch is produced and not marked.
         with marking_held():
             kafka.set_up()
-            wait_until(lambda: relays_waiting_on_their_mark() >= RELAYS, timeout=120,
-                       what="both relays to wait on their mark")
-            claimed_at_sigterm = claimed_by(stopped)
-            # Both relays hold a batch at once: they relay side by side, neither idles.
-            assert claimed_at_sigterm > 0 and claimed_by(other) > 0
-            relays[0].send_signal(signal.SIGTERM)
-            wait_until(lambda: bool(logged(logs[0], "stop requested")), timeout=30,
+            wait_until(lambda: relays_waiting_on_their_mark() == 1, timeout=120,
+                       what="the leading relay to wait on its mark")
+            [leader] = [n for n in range(RELAYS) if logged(logs[n], "relay leading")]
+            standby = RELAYS - 1 - leader
+            assert logged(logs[standby], "another relay leads, standing by")
+            marked_before = published()  # all by the leader: the standby has not led yet
+            relays[leader].send_signal(signal.SIGTERM)
+            wait_until(lambda: bool(logged(logs[leader], "stop requested")), timeout=30,
                        what="the relay to take the signal with its batch in flight")
-        sigterm_codes.append(relays[0].wait(timeout=60))  # a second SIGTERM would kill it
-        assert claimed_by(stopped) == 0  # its batch was recorded, not left to lapse
-        relays[0] = start_relay(kafka.bootstrap_servers, logs[RELAYS])
+        sigterm_codes.append(relays[leader].wait(timeout=60))  # a second SIGTERM would kill it
+        # Its batch in flight was recorded before it stopped, and the standby took over.
+        leader_published = int(logged(logs[leader], "relay stopped")[0]["published"])
+        assert leader_published > marked_before
+        wait_until(lambda: bool(logged(logs[standby], "relay leading")), timeout=60,
+                   what="the standby to take over")
+        relays[leader] = start_relay(kafka.bootstrap_servers, logs[RELAYS])
         wait_until(lambda: unpublished() == 0, timeout=180, what="the outbox to drain")
         model.run(docs, day(-2), DEFAULT_THRESHOLDS)
 
@@ -153,14 +152,14 @@ def test_workers_and_relays_racing_through_a_broker_outage_and_a_sigterm_lose_no
         "relay: 4 workers + 2 relays, broker down, SIGTERM", documents=loaded, days=2,
         worker_runs=2 * WORKERS, relay_processes=RELAYS + 1, broker_outages=1,
         rows_waiting_during_outage=waiting, relay_sigterms=len(sigterm_codes),
-        claimed_by_the_stopped_relay_at_sigterm=claimed_at_sigterm,
+        published_by_the_stopped_leader=leader_published,
         published_per_relay=published_per_relay, events=len(rows), records_on_topic=len(records),
         redelivered=sum(n - 1 for n in copies.values()),
         lost=len(set(rows) - set(copies)), unknown_on_topic=len(set(copies) - set(rows)),
         out_of_order_keys=sum(1 for k in expected_order if seen_order.get(k) != expected_order[k]),
         **{f"ledger_{name}": value for name, value in figures.items()})
     check_invariants(documents_before=before, model=model, snap=snap)
-    # Both relays that ran side by side published (the one stopped, and the other).
+    # Both first relays published: the leader until its SIGTERM, the standby once it took over.
     assert all(n > 0 for n in published_per_relay[:RELAYS]), published_per_relay
     assert set(copies) == set(rows), "lost or unknown messages on the topic"
     for record in records:

@@ -32,6 +32,8 @@ SAMPLE = {
     "batch_size": 10, "lease": timedelta(minutes=2), "relay_id": "r", "ids": [uuid.uuid4()],
     "errors": ["e"], "retry_in": [timedelta(seconds=1)], "max_attempts": 5,
     "retention": timedelta(days=7), "limit": 10, "all": False,
+    "after_created_at": datetime(2026, 11, 29, 3, 0, tzinfo=UTC), "after_id": uuid.uuid4(),
+    "lock": 1,
 }
 # Every named query of the project, as "file stem: name".
 NAMED = {f"{path.parent.parent.name}/{path.stem}: {name}": sql

@@ -1,5 +1,6 @@
-"""The relay on real PostgreSQL and librdkafka's mock cluster: publish and read back, order
-per key with two relays, claims, wake-up, retention."""
+"""The relay on real PostgreSQL and librdkafka's mock cluster: publish and read back, one
+leading relay and a standby taking over, order per key, reads, a late commit, wake-up,
+retention."""
 
 import json
 import threading
@@ -17,7 +18,7 @@ from outbox import store
 from outbox.relay import Relay
 from outbox.wakeup import Wakeup
 from reminders import events
-from tests.conftest import CycleRunner
+from tests.conftest import CycleRunner, test_database_url
 from tests.support.contract import assert_event_valid
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, database_now, expiring_in
@@ -25,6 +26,7 @@ from tests.support.relay_support import (
     BASE_TIME,
     RelayThread,
     as_relay,
+    event_payload,
     first_seen_order,
     insert_outbox,
     interleaved_rows,
@@ -74,49 +76,127 @@ def test_events_reach_the_topic_with_key_payload_and_headers_intact(
                for r in outbox_state())
 
 
-def test_order_per_key_holds_with_two_relays_running_at_once(
+def relay_lock_holders() -> list[int]:
+    """The sessions holding the relays' advisory lock on the test database (at most one)."""
+    with connection.cursor() as cursor:
+        cursor.execute("select pid from pg_locks where locktype = 'advisory' and granted"
+                       " and database = (select oid from pg_database"
+                       "                 where datname = current_database())"
+                       " and classid = %s and objid = %s and objsubid = 1",
+                       [store.RELAY_LOCK >> 32, store.RELAY_LOCK & 0xFFFF_FFFF])
+        return [int(r[0]) for r in cursor.fetchall()]
+
+
+def test_one_relay_leads_and_a_standby_takes_over_when_its_session_dies_order_per_key_holds(
     transactional_db: None, kafka: MockKafkaCluster
 ) -> None:
-    written = interleaved_rows(keys=30, per_key=8)
     settings = relay_settings(kafka.bootstrap_servers, batch_size=7)
-    relays = [RelayThread(settings, relay_id=f"relay-{n}") for n in (1, 2)]
-    for relay in relays:
-        relay.start()
+    resume = threading.Event()  # the first leader's backoff after its session died lasts until set
+    first = RelayThread(settings, relay_id="relay-1", wait=lambda _delay: resume.wait(60))
+    second = RelayThread(settings, relay_id="relay-2")
+    first.start()
+    wait_for(lambda: bool(relay_lock_holders()), timeout=30, what="the first relay to lead")
+    second.start()
     try:
+        before = interleaved_rows(keys=30, per_key=4)
         wait_for(lambda: unpublished_count() == 0, timeout=60, what="every row published")
+        assert (first.relay.stats.published, second.relay.stats.published) == (120, 0)
+        [leader_pid] = relay_lock_holders()
+        with connection.cursor() as cursor:
+            cursor.execute("select pg_terminate_backend(%s)", [leader_pid])
+        after = interleaved_rows(keys=30, per_key=4)
+        wait_for(lambda: unpublished_count() == 0, timeout=60, what="the standby to publish")
+        assert second.relay.stats.published == 120  # the standby took over
+        assert first.relay.stats.published == 120  # the first relay sent nothing more
     finally:
-        for relay in relays:
+        resume.set()
+        for relay in (first, second):
             relay.stop_and_join()
 
-    assert all(r.relay.stats.published > 0 for r in relays), "both relays must have worked"
+    written = {**before, **after}
     records = read_topic(kafka.bootstrap_servers)
     assert first_seen_order(records) == {k: [str(i) for i in ids] for k, ids in written.items()}
 
 
-def test_a_claim_takes_only_the_oldest_row_of_each_key_and_skips_held_keys(
+def test_a_read_takes_only_the_oldest_row_of_each_key_after_the_position(
     transactional_db: None,
 ) -> None:
     written = interleaved_rows(keys=3, per_key=2)
+    heads = sorted(ids[0] for ids in written.values())
     with as_relay():
-        first = store.claim_batch("default", batch_size=10, lease=timedelta(minutes=1),
-                                  relay_id="a")
-        second = store.claim_batch("default", batch_size=10, lease=timedelta(minutes=1),
-                                   relay_id="b")
+        first = store.read_batch("default", batch_size=10)
+        after_first = store.read_batch("default", batch_size=10,
+                                       after=(first[0].created_at, first[0].id))
+        store.mark_published("default", [m.id for m in first])
+        second = store.read_batch("default", batch_size=10)
 
-    assert sorted(m.id for m in first) == sorted(ids[0] for ids in written.values())
-    assert second == []  # each key's head is held by "a", and the later rows wait behind it
+    assert [m.id for m in first] == [m.id for m in sorted(first, key=lambda m: m.created_at)]
+    assert sorted(m.id for m in first) == heads  # each key's next row waits behind its head
+    assert [m.id for m in after_first] == [m.id for m in first[1:]]
+    assert sorted(m.id for m in second) == sorted(ids[1] for ids in written.values())
 
 
-def test_a_lapsed_claim_is_taken_over(transactional_db: None) -> None:
-    row = insert_outbox(str(uuid.uuid4()), created_at=BASE_TIME)
-    with as_relay():
-        store.claim_batch("default", batch_size=10, lease=timedelta(milliseconds=1), relay_id="a")
-        wait_for(lambda: bool(store.claim_batch("default", batch_size=10,
-                                                lease=timedelta(minutes=1), relay_id="b")),
-                 timeout=5, what="the lapsed claim to be claimable")
+def test_only_one_relay_leads_at_a_time_and_resigning_hands_over(transactional_db: None) -> None:
+    other = psycopg.connect(test_database_url(), autocommit=True)
+    try:
+        with as_relay():
+            assert store.try_to_lead("default") is True
+            assert other.execute("select pg_try_advisory_lock(%s)",
+                                 [store.RELAY_LOCK]).fetchone() == (False,)
+            store.resign("default")
+            assert other.execute("select pg_try_advisory_lock(%s)",
+                                 [store.RELAY_LOCK]).fetchone() == (True,)
+            assert store.try_to_lead("default") is False
+    finally:
+        other.close()
 
-    [state] = outbox_state()
-    assert (state["id"], state["claimed_by"]) == (row.id, "b")
+
+def test_a_pass_while_another_relay_leads_stands_by_and_sends_nothing(
+    transactional_db: None, kafka: MockKafkaCluster
+) -> None:
+    interleaved_rows(keys=2, per_key=1)
+    leader = psycopg.connect(test_database_url(), autocommit=True)
+    try:
+        leader.execute("select pg_advisory_lock(%s)", [store.RELAY_LOCK])
+        with as_relay():
+            stats = Relay(relay_settings(kafka.bootstrap_servers)).run_pass()
+    finally:
+        leader.close()
+
+    assert (stats.stood_by, stats.claimed, stats.published, unpublished_count()) == (True, 0, 0, 2)
+    assert read_topic(kafka.bootstrap_servers) == []
+
+
+def test_a_row_committed_late_behind_published_ones_is_not_skipped(
+    transactional_db: None, kafka: MockKafkaCluster
+) -> None:
+    """A transaction that started first commits last: its row sorts before rows already
+    published when it becomes visible; the relay still publishes it."""
+    # A transaction of its own (not autocommit), on the schema the tables live in.
+    late = psycopg.connect(test_database_url(), options="-c search_path=profile")
+    thread = RelayThread(relay_settings(kafka.bootstrap_servers, batch_size=2))
+    try:
+        late_id = uuid.uuid4()
+        late.execute(
+            "insert into outbox_messages (id, aggregate_type, aggregate_id, event_type,"
+            " contract_version, topic, message_key, payload, headers, created_at)"
+            " values (%s, %s, 'late-key', %s, %s, %s, 'late-key', %s, %s, %s)",
+            [late_id, events.AGGREGATE_TYPE, events.EVENT_TYPE, events.CONTRACT_VERSION,
+             events.TOPIC, json.dumps(event_payload("late-key", 0)),
+             json.dumps({"message_id": str(late_id), "event_type": events.EVENT_TYPE,
+                         "contract_version": str(events.CONTRACT_VERSION)}),
+             BASE_TIME - timedelta(days=1)])
+        thread.start()
+        interleaved_rows(keys=5, per_key=2)
+        wait_for(lambda: unpublished_count() == 0, timeout=60, what="the visible rows published")
+        late.commit()
+        wait_for(lambda: unpublished_count() == 0 and len(outbox_state()) == 11, timeout=60,
+                 what="the late row published")
+    finally:
+        late.close()
+        thread.stop_and_join()
+    assert late_id in {r["id"] for r in outbox_state() if r["published_at"] is not None}
+    assert str(late_id) in {r.message_id for r in read_topic(kafka.bootstrap_servers)}
 
 
 def test_an_insert_wakes_a_listening_relay(transactional_db: None) -> None:

@@ -29,7 +29,9 @@ class Command(ProjectCommand):
         "Publish outbox rows to Kafka (KAFKA_BOOTSTRAP_SERVERS; TLS and SASL from "
         "KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_*, KAFKA_SSL_*; more librdkafka properties from "
         "KAFKA_PRODUCER_CONFIG), at least once and in order per key, then delete published "
-        "rows older than OUTBOX_RETENTION. One pass by default: publish what is deliverable now "
+        "rows older than OUTBOX_RETENTION. One relay publishes at a time; any other stands by "
+        "(a pass that finds one publishing leaves the work to it). One pass by default: "
+        "publish what is deliverable now "
         "and exit; --loop runs until SIGTERM/SIGINT, woken by new rows (LISTEN/NOTIFY) or every "
         "OUTBOX_POLL_INTERVAL. Exit codes: 0 done (or stopped by a signal), 1 not everything "
         "went out (broker unavailable, messages failed or parked, database lost; nothing is "
@@ -103,6 +105,7 @@ class Command(ProjectCommand):
             f"  failed (retried later)         {stats.failed}",
             f"  parked                         {stats.parked}",
             f"  pruned                         {stats.pruned}",
+            *(["  stood by: another relay was publishing"] if stats.stood_by else []),
             f"  still unpublished              {backlog.unpublished}",
             f"  parked in total                {backlog.parked}",
         ]))
