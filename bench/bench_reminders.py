@@ -11,8 +11,11 @@ exactly the floor's markers and events), the warm cycle (same as-of again), the 
 cold cycle, about 1 window document in 20 gets markers of an earlier expiry date (as a
 renewal leaves them), so both re-arm the same markers (docs/design.md §3.2, renewal
 re-arms). The worker runs as production does: `manage.py run_expiry_reminders` in a
-subprocess, as the least-privilege role. Prints a table and writes JSON
-(bench/results/latest.json). docs/performance.md explains the figures.
+subprocess, as the least-privilege role. Then the whole pipeline, documents to events on the
+topic: the cold cycle again from the same ledger, then one pass of the relay
+(`publish_outbox`, as its role) to librdkafka's mock cluster (or the broker at
+`--bootstrap`), each timed, and the events counted on the topic. Prints a table and writes
+JSON (bench/results/latest.json). docs/performance.md explains the figures.
 """
 
 import argparse
@@ -37,7 +40,7 @@ import psycopg
 
 from bench import dataset, worker
 from core.queries import load
-from core.roles import ROLES_SQL, WORKER_ROLE
+from core.roles import RELAY_ROLE, ROLES_SQL, WORKER_ROLE
 from devtools.demo_data import PERSON_DOCUMENTS_SQL
 from reminders import events, rules
 from reminders.config import ReminderSettings
@@ -82,6 +85,8 @@ class BenchConfig:
     build_only: bool = False
     logs: Path | None = None
     worker_env: dict[str, str] = field(default_factory=dict)
+    pipeline: bool = True
+    bootstrap: str | None = None  # a running broker for the pipeline; None: a mock cluster
 
     def __post_init__(self) -> None:
         self.database = self.database or f"pin_profile_bench_{self.shape}"
@@ -115,6 +120,8 @@ class Phase:
     plan: str | None = None
     wal_mb: float | None = None
     checkpoints: int | None = None
+    events_on_topic: int | None = None
+    events_per_second: float | None = None
     status: str = "ok"
     load: tuple[float, float, float] = field(default_factory=os.getloadavg)
 
@@ -309,6 +316,78 @@ def run_prune_phase(conn: psycopg.Connection[Any], as_of: datetime, logs: Path,
         status="succeeded" if run.returncode == 0 else f"exit {run.returncode}"))
 
 
+# --- the pipeline: documents to events on the topic ----------------------------------------------
+
+PIPELINE_PARTITIONS = 6
+
+
+@contextmanager
+def _kafka(bootstrap: str | None) -> Iterator[str]:
+    """The brokers' bootstrap: `bootstrap` if given, else a fresh mock cluster of 3 brokers
+    (in this process; the relay reaches it over loopback) with the topic created."""
+    if bootstrap is not None:
+        yield bootstrap
+        return
+    from devtools.mock_kafka import MockKafkaCluster
+
+    with MockKafkaCluster(3) as cluster:
+        cluster.create_topic(events.TOPIC, PIPELINE_PARTITIONS)
+        yield cluster.bootstrap_servers
+
+
+def events_on_topic(bootstrap: str, topic: str) -> int:
+    """Records on the topic: the sum of its partitions' high watermarks (0 if it is new)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"bench-{uuid.uuid4()}",
+                         "enable.auto.commit": False})
+    try:
+        metadata = consumer.list_topics(topic, timeout=30).topics.get(topic)
+        if metadata is None or metadata.error is not None:
+            return 0
+        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1]
+                   for p in metadata.partitions)
+    finally:
+        consumer.close()
+
+
+def run_pipeline(conn: psycopg.Connection[Any], config: BenchConfig, as_of: datetime,
+                 logs: Path) -> list[Phase]:
+    """The cold cycle from the cold cycle's ledger (outbox empty), then one relay pass of
+    everything it wrote: each timed inside its process, and the events counted on the topic."""
+    seed_renewed_markers(conn, config, as_of)
+    cycle = run_worker_phase(conn, config, "pipeline: cycle", as_of=as_of, logs=logs,
+                             floor=None)
+    if cycle.seconds and cycle.events is not None:
+        cycle.events_per_second = cycle.events / cycle.seconds
+    with _kafka(config.bootstrap) as bootstrap:
+        before = events_on_topic(bootstrap, events.TOPIC)
+        _quiet(conn)
+        activity = _Activity.now(conn)
+        run, reported = worker.run_relay(config.url(user=RELAY_ROLE), bootstrap,
+                                         logs / "relay.log")
+        on_topic = events_on_topic(bootstrap, events.TOPIC) - before
+    seconds = float(reported.get("seconds", 0.0))
+    published = int(reported.get("published", 0))
+    relay = activity.since(conn, Phase(
+        "pipeline: relay", seconds, events=published, events_on_topic=on_topic,
+        events_per_second=published / seconds if seconds else None,
+        peak_rss_mb=run.peak_rss_mb, worker_cpu_seconds=run.cpu_seconds,
+        wall_seconds=run.wall_seconds,
+        status="succeeded" if run.returncode == 0 else f"exit {run.returncode}: "
+                                                       f"{reported.get('error')}"))
+    total = cycle.seconds + relay.seconds
+    whole = Phase(
+        "pipeline: end to end", total, window_documents=cycle.window_documents,
+        due_documents=cycle.due_documents, markers=cycle.markers, events=cycle.events,
+        events_on_topic=on_topic, due_per_second=(cycle.due_documents or 0) / total if total
+        else None, events_per_second=on_topic / total if total else None,
+        wall_seconds=(cycle.wall_seconds or 0) + (relay.wall_seconds or 0),
+        status="succeeded" if on_topic == cycle.events and relay.status == "succeeded"
+        else f"{on_topic} on the topic of {cycle.events} written")
+    return [cycle, relay, whole]
+
+
 @dataclass(slots=True)
 class BenchResult:
     shape: str
@@ -366,6 +445,11 @@ def run_benchmark(config: BenchConfig, log: Any = print) -> BenchResult | None:
                                        logs=logs, floor=None))
         log("prune ...")
         phases.append(run_prune_phase(conn, as_of + timedelta(days=1), logs, config))
+        if config.pipeline:
+            log("pipeline: cycle, then relay ...")
+            phases += run_pipeline(conn, config, as_of, logs)
+            log(f"  {phases[-1].seconds:.1f} s, {_fmt(phases[-1].events_per_second, ',.0f')}"
+                f" events/s end to end ({phases[-1].status})")
     return BenchResult(
         shape=config.shape, documents=config.documents, database=config.database,
         as_of=as_of.isoformat(), batch_size=config.batch_size or ReminderSettings().batch_size,
@@ -424,6 +508,17 @@ def format_table(result: BenchResult) -> str:
             f"{p.load[0]:>5.2f}  {p.status}"
         )
     lines.append(f"worker equals floor: {result.worker_equals_floor} {result.floor_check}")
+    pipeline = [p for p in result.phases if p.name.startswith("pipeline")]
+    if pipeline:
+        head = (f"{'pipeline':<24} {'seconds':>8} {'wall s':>7} {'due':>9} {'events':>8} "
+                f"{'on topic':>8} {'events/s':>9} {'RSS MB':>7} {'cpu s':>6} {'load':>5}  status")
+        lines += ["", head, "-" * len(head)]
+        lines += [
+            f"{p.name:<24} {p.seconds:>8.2f} {_fmt(p.wall_seconds, '.2f'):>7} "
+            f"{_fmt(p.due_documents, ','):>9} {_fmt(p.events, ','):>8} "
+            f"{_fmt(p.events_on_topic, ','):>8} {_fmt(p.events_per_second, ',.0f'):>9} "
+            f"{_fmt(p.peak_rss_mb, '.0f'):>7} {_fmt(p.worker_cpu_seconds, '.1f'):>6} "
+            f"{p.load[0]:>5.2f}  {p.status}" for p in pipeline]
     return "\n".join(lines)
 
 
@@ -450,6 +545,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logs", type=Path, help="keep the worker's logs in this directory")
     parser.add_argument("--worker-env", action="append", default=[], metavar="NAME=VALUE",
                         help="extra environment for the worker's cycles, e.g. LOG_LEVEL=WARNING")
+    parser.add_argument("--no-pipeline", dest="pipeline", action="store_false",
+                        help="skip the pipeline phase (cycle, then relay to Kafka)")
+    parser.add_argument("--bootstrap", metavar="HOST:PORT",
+                        help="the pipeline's broker (e.g. Tansu); default: librdkafka's "
+                             "mock cluster in this process")
     args = parser.parse_args(argv)
     config = BenchConfig(
         shape=args.shape, documents=args.documents or dataset.DEFAULT_SIZES[args.shape],
@@ -458,6 +558,7 @@ def main(argv: list[str] | None = None) -> int:
         else _yesterday(),
         batch_size=args.batch_size, reuse=args.reuse, build_only=args.build_only,
         logs=args.logs, worker_env=dict(item.split("=", 1) for item in args.worker_env),
+        pipeline=args.pipeline, bootstrap=args.bootstrap,
     )
     result = run_benchmark(config)
     if result is None:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 MANAGE_PY = ROOT / "manage.py"
@@ -103,3 +104,13 @@ def run_prune(as_of: datetime, database_url: str, log_path: Path) -> tuple[Worke
     timed = json.loads(log_path.with_suffix(".out").read_text())
     run.counters["pruned"] = int(timed["pruned"])
     return run, float(timed["seconds"])
+
+
+def run_relay(database_url: str, bootstrap: str, log_path: Path) -> tuple[WorkerRun, dict[str, Any]]:
+    """One relay pass (`publish_outbox`) to the brokers at `bootstrap`, and what it reported:
+    its seconds measured inside the process, how many it published, its error if any."""
+    run = run_python(["-m", "bench.timed_relay"], database_url, log_path,
+                     {"KAFKA_BOOTSTRAP_SERVERS": bootstrap})
+    out = log_path.with_suffix(".out").read_text().strip().splitlines()
+    reported: dict[str, Any] = json.loads(out[-1]) if out else {}
+    return run, reported

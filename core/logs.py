@@ -7,8 +7,11 @@ only (the number mask and the payload never reach a logger).
 Records are formatted and written off the caller's thread: `QueuedStderrHandler` hands them
 to a `QueueListener`, whose thread formats and writes them while the caller goes on (and
 PostgreSQL's waits release the GIL). `log_events` logs one event per item as a single
-record that the formatter writes as a line per item: a batch's "reminder queued" lines cost
-the batch one record, not one each.
+record that the formatter writes as a line per item, in one write: a batch's "reminder
+queued" lines cost the batch one record, not one each. Items given as `Rows` (the rows a
+query returned, and the names of their leading values) are rendered straight from the rows
+with orjson, a few microseconds a line instead of some twenty; the bytes are those of the
+general path (any row it cannot render alike takes the general path).
 """
 
 import copy
@@ -19,18 +22,23 @@ import os
 import queue
 import signal
 import sys
+import uuid
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from logging.handlers import QueueHandler, QueueListener
-from typing import Any
+from typing import Any, overload
+
+import orjson
 
 _FIELDS = "fields"
 # log_events: the field holding the per-line fields (kept among the record's fields, so that
 # whoever inspects the record, a test's log capture say, sees every item).
 _EACH = "each"
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+# Values orjson renders exactly as json.dumps(_jsonable(value)) does (given ASCII output).
+_PLAIN_TYPES = frozenset({str, int, bool, type(None), uuid.UUID})
 
 
 def leave_stop_signals_to_the_main_thread() -> None:
@@ -58,6 +66,33 @@ def log_events(
         logger.log(level, event, extra={_FIELDS: {**fields, _EACH: items}}, stacklevel=2)
 
 
+class Rows(Sequence[Mapping[str, Any]]):
+    """`log_events` items as rows: each row's leading values named by `keys` (values past
+    them are ignored). Read as a sequence, the items are the dicts; the JSON formatter renders
+    the rows themselves, without a dict or a record per line."""
+
+    __slots__ = ("keys", "rows")
+
+    def __init__(self, keys: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+        self.keys = tuple(keys)
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    @overload
+    def __getitem__(self, index: int) -> Mapping[str, Any]: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Mapping[str, Any]]: ...
+    def __getitem__(self, index: int | slice) -> Any:
+        if isinstance(index, slice):
+            return [dict(zip(self.keys, row, strict=False)) for row in self.rows[index]]
+        return dict(zip(self.keys, self.rows[index], strict=False))
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, str | int | float | bool) or value is None:
         return value
@@ -78,17 +113,38 @@ class StructuredFormatter(logging.Formatter):
         self.as_json = fmt == "json" or (fmt == "auto" and not sys.stderr.isatty())
 
     def format(self, record: logging.LogRecord) -> str:
-        return "\n".join(self.lines(record))
-
-    def lines(self, record: logging.LogRecord) -> Iterator[str]:
         """The record's lines: one, or one per item of a `log_events` record."""
         fields: dict[str, Any] = getattr(record, _FIELDS, {})
         if _EACH not in fields:
-            yield self._format(record, fields)
-            return
+            return self._format(record, fields)
         common = {k: v for k, v in fields.items() if k != _EACH}
-        for item in fields[_EACH]:
-            yield self._format(record, {**common, **item})
+        items = fields[_EACH]
+        if (isinstance(items, Rows) and self.as_json and common.keys().isdisjoint(items.keys)
+                and not record.exc_info and not record.exc_text):
+            return self._format_rows(record, common, items)
+        return "\n".join(self._format(record, {**common, **item}) for item in items)
+
+    def _format_rows(self, record: logging.LogRecord, common: dict[str, Any], items: Rows) -> str:
+        """A line per row, as `_format` writes it: the record's part rendered once, each
+        row's values by orjson (a row orjson would render otherwise takes `_format`)."""
+        head = self._format(record, common)  # '{"ts":...,"event":...,<common>}'
+        if not items.keys:
+            return "\n".join(head for _ in items.rows)
+        prefix = head[:-1].encode() + b","
+        keys, plain, dumps = items.keys, _PLAIN_TYPES.issuperset, orjson.dumps
+        lines: list[bytes] = []
+        for row in items.rows:
+            item = dict(zip(keys, row, strict=False))
+            try:
+                body = dumps(item) if plain(map(type, item.values())) else b""
+            except TypeError:  # an int past 64 bits, a lone surrogate
+                body = b""
+            # json.dumps escapes everything outside printable ASCII (DEL included); orjson not
+            if body and body.isascii() and b"\x7f" not in body:
+                lines.append(prefix + body[1:])
+            else:
+                lines.append(self._format(record, {**common, **item}).encode())
+        return b"\n".join(lines).decode()
 
     def _format(self, record: logging.LogRecord, fields: Mapping[str, Any]) -> str:
         when = datetime.fromtimestamp(record.created, tz=UTC)
@@ -117,21 +173,9 @@ class StructuredFormatter(logging.Formatter):
         return record.exc_text or None
 
 
-class _LineByLineHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Writes a record line by line: stderr is line-buffered, so each line's write releases
-    the GIL, and the worker's main thread never waits long for it behind a batch's lines."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        formatter = self.formatter
-        if not isinstance(formatter, StructuredFormatter):
-            super().emit(record)
-            return
-        try:
-            for line in formatter.lines(record):
-                self.stream.write(line + self.terminator)
-            self.flush()
-        except Exception:
-            self.handleError(record)
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes a record, all its lines, in one write (stderr is line-buffered: a write per
+    line was a system call per line); the write releases the GIL meanwhile."""
 
 
 class _Listener(QueueListener):
@@ -158,7 +202,7 @@ class QueuedStderrHandler(QueueHandler):
         _QUEUED_HANDLERS.add(self)
 
     def _start_listener(self) -> None:
-        stream = _LineByLineHandler()
+        stream = _StderrHandler()
         stream.setFormatter(StructuredFormatter(self._fmt))
         self.listener = _Listener(self.queue, stream)
         self.listener.start()

@@ -9,6 +9,7 @@ owner loses nothing for the others. The claim is `store.claim_batch`; the dry ru
 """
 
 import logging
+import operator
 import socket
 import threading
 import time
@@ -21,7 +22,7 @@ from django.db import connections, transaction
 
 from core.db import DatabaseErrors, connection_alive
 from core.failures import DatabaseFailure, classify_on
-from core.logs import log_event, log_events
+from core.logs import Rows, log_event, log_events
 from reminders import events, plan, retention, rules, store
 from reminders.config import ReminderSettings
 from reminders.models import SUCCESSFUL_STATUSES, ReminderRun
@@ -233,17 +234,13 @@ class Cycle:
         result.markers_rearmed += outcome.markers_rearmed
         result.owners_notified += outcome.events_written
         result.reminders_sent += len(outcome.notified)
-        notified = sorted(outcome.notified, key=lambda q: (str(q.owner_user_id), q.days_left))
-        for item in notified:
-            result.reminders_by_threshold[item.threshold_days] += 1
-        # A line per reminder, written by the logging thread (core.logs) while the next
-        # batch's statement runs: a million lines cost the batches one record each.
+        result.reminders_by_threshold.update(
+            map(operator.itemgetter(store.THRESHOLD_DAYS), outcome.notified))
+        # A line per reminder, rendered from the claim's rows and written by the logging
+        # thread (core.logs) while the next batch's statement runs: one record a batch.
         log_events(
             logger, logging.INFO, "reminder queued" if not self.dry_run else "reminder due",
-            [{"owner_user_id": item.owner_user_id, "document_id": item.document_id,
-              "type": item.type, "threshold_days": item.threshold_days,
-              "days_left": item.days_left} for item in notified],
-            run_id=self.result.run_id,
+            Rows(store.NOTIFIED_FIELDS, outcome.notified), run_id=self.result.run_id,
         )
 
     def _fail_owners(self, owner_ids: list[uuid.UUID], failure: DatabaseFailure) -> None:

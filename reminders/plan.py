@@ -37,11 +37,11 @@ def plan_batch(
     due = [(doc, decision) for doc in documents if (decision := rules.decide(
         doc.expires_on, as_of_date, thresholds, doc.markers)) is not None]
     kept = most_urgent_per_owner(due, max_documents_per_event)
-    notified = [
-        store.NotifiedItem(doc.owner_user_id, doc.id, doc.type, decision.notify,
-                           decision.days_left)
-        for doc, decision in kept if decision.notify is not None
-    ]
+    notified = sorted(
+        (store.NotifiedItem(str(doc.owner_user_id), str(doc.id), doc.type, decision.notify,
+                            decision.days_left)
+         for doc, decision in kept if decision.notify is not None),
+        key=lambda item: (item.owner_user_id, item.days_left, item.document_id))  # as the claim
     return store.BatchClaim(
         markers_won=sum(len(decision.markers) for _, decision in kept),
         markers_rearmed=sum(len(decision.rearmed) for _, decision in kept),

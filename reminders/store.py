@@ -11,7 +11,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 
@@ -39,15 +39,20 @@ class DocumentRow:
     markers: dict[int, date]
 
 
-@dataclass(frozen=True, slots=True)
-class NotifiedItem:
-    """A document that went into its owner's event: what the log line says (never the mask)."""
+class NotifiedItem(NamedTuple):
+    """A document that went into its owner's event: what the log line says (never the mask),
+    ids as text."""
 
-    owner_user_id: uuid.UUID
-    document_id: uuid.UUID
+    owner_user_id: str
+    document_id: str
     type: str
     threshold_days: int
     days_left: int
+
+
+# The log line's fields: the leading values of every `BatchClaim.notified` row.
+NOTIFIED_FIELDS = NotifiedItem._fields
+THRESHOLD_DAYS = NOTIFIED_FIELDS.index("threshold_days")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +63,9 @@ class BatchClaim:
     due_documents: int
     events_written: int
     markers_rearmed: int
-    notified: list[NotifiedItem]
+    # By owner, then days left, then document; each row starts with NOTIFIED_FIELDS (the
+    # claim statement's rows as they come: nothing is built per reminder).
+    notified: Sequence[Sequence[Any]]
 
 
 def _window_params(window: Window, thresholds: Sequence[int], as_of_date: date) -> dict[str, Any]:
@@ -180,16 +187,21 @@ def claim_batch(
     }
     with server_cursor(using) as cur:
         cur.execute(QUERIES["claim_batch"], params, binary=True)
-        rows = cur.fetchall()
+        return claim_from_rows(cur.fetchall())
+
+
+def claim_from_rows(rows: list[tuple[Any, ...]]) -> BatchClaim:
+    """The claim statement's rows as a BatchClaim (nothing built per notified row)."""
     if not rows:
         raise psycopg.ProgrammingError("the statement returned no row")
-    markers_won, due_documents, events_written, markers_rearmed = rows[0][:4]
+    totals = len(NOTIFIED_FIELDS)
+    markers_won, due_documents, events_written, markers_rearmed = rows[0][totals:]
     return BatchClaim(
         markers_won=int(markers_won),
         due_documents=int(due_documents),
         events_written=int(events_written),
         markers_rearmed=int(markers_rearmed),
-        notified=[NotifiedItem(*r[4:]) for r in rows if r[4] is not None],
+        notified=rows if rows[0][0] is not None else [],  # one row of nulls: none notified
     )
 
 

@@ -163,3 +163,12 @@ select owner_user_id from person_documents
 where status = 'Active' and deleted_at is null and expires_at >= %(window_start)s
   and expires_at < %(window_end)s
 limit 150
+
+-- notified_rows: rows shaped as claim_batch's last select (the notified items' log fields, ids as text, then the totals), three a owner, by owner, for bench/log_lines_bench.py
+select md5(s.salt || (n / 3)::text)::uuid::text, gen_random_uuid()::text,
+       (array['Passport', 'Visa', 'DriverLicense', 'Inn'])[1 + n %% 4],
+       (array[30, 7, 1, 0])[1 + n %% 4], n %% 30 - 5,
+       3 * %(rows)s::int, %(rows)s::int, %(rows)s::int / 3, 0
+from (select random()::text as salt) s
+cross join generate_series(1, %(rows)s::int) as n
+order by 1, 5, 2;

@@ -219,9 +219,10 @@ totals as (
             join planned p on p.id = c.document_id and p.threshold_days = c.threshold_days
             where p.rearm) as markers_rearmed
 )
--- one row per notified item (owner, document, type, threshold, days left), or one row of nulls
-select t.markers_won, t.due_documents, t.events_written, t.markers_rearmed,
-       i.owner_user_id, i.document_id, i.type, i.threshold_days, i.days_left
+-- one row per notified item (owner, document, type, threshold, days left: the log line's
+-- fields, ids as text, ready to write), or one row of nulls; then the totals on every row
+select i.owner_user_id::text, i.document_id::text, i.type, i.threshold_days, i.days_left,
+       t.markers_won, t.due_documents, t.events_written, t.markers_rearmed
 from totals t
 left join items i on true
 order by i.owner_user_id, i.days_left, i.document_id;

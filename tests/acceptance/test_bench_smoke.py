@@ -1,5 +1,6 @@
 """A small run of the benchmark (bench/bench_reminders.py), so that it cannot rot: it builds
-its data set, runs every phase, and the worker's cold cycle equals the floor. No timings are
+its data set, runs every phase, the worker's cold cycle equals the floor, and the pipeline
+(cycle, then relay to a mock cluster) puts every event on the topic. No timings are
 asserted: speed is the benchmark's business, not the tests'."""
 
 import uuid
@@ -48,6 +49,10 @@ def test_benchmark_runs_and_the_worker_equals_the_floor(shape: str) -> None:
     assert next_day.status == "succeeded" and next_day.markers
     assert cold.peak_rss_mb and cold.peak_rss_mb > 0
     assert cold.candidate_index is not None and cold.plan
+    cycle, relay, whole = (phases[f"pipeline: {n}"] for n in ("cycle", "relay", "end to end"))
+    assert cycle.events == cold.events and relay.status == "succeeded", relay.status
+    assert relay.events == relay.events_on_topic == whole.events_on_topic == cold.events
+    assert whole.status == "succeeded" and whole.events_per_second
     if shape == "backlog":
         assert cold.window_documents == SMOKE_DOCUMENTS
         assert phases["prune"].markers

@@ -1,14 +1,20 @@
 """QueuedStderrHandler writes records on its listener thread, in order, all of them by
-close(); the caller waits only when the queue is full; a failing record stops nothing."""
+close(); the caller waits only when the queue is full; a failing record stops nothing.
+Items given as Rows are written byte for byte as the same items as dicts."""
 
 import json
 import logging
+import sys
 import threading
+import uuid
+from datetime import UTC, date, datetime
+from typing import Any
 
 import pytest
 
 from core.logs import (
     QueuedStderrHandler,
+    Rows,
     StructuredFormatter,
     flush_queued_handlers,
     lines_written_through,
@@ -117,3 +123,107 @@ def test_lines_written_through_get_each_records_lines_in_one_call_and_then_stder
 
     assert len(written) == 1 and [json.loads(line)["n"] for line in written[0].splitlines()] == [1, 2]
     assert [json.loads(line)["event"] for line in capsys.readouterr().err.splitlines()] == ["after"]
+
+
+def _records(items: Any, **fields: Any) -> logging.LogRecord:
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    log_events(_logger(Keep(), "tests.logs.rows"), logging.INFO, "reminder queued", items,
+               **fields)
+    [record] = records
+    return record
+
+
+def test_rows_are_written_as_the_same_items_as_dicts_would_be_byte_for_byte() -> None:
+    """The fast path (orjson from the rows) writes exactly what the general path writes,
+    rows it cannot render alike included: non-ASCII, DEL and control characters, a float, an
+    int past 64 bits, a lone surrogate, a date, a UUID, None and booleans."""
+    keys = ("owner_user_id", "document_id", "type", "threshold_days", "days_left")
+    owner = uuid.UUID("0190a0b0-0000-7000-8000-000000000001")
+    rows: list[tuple[Any, ...]] = [
+        (str(owner), "d1", "Passport", 30, 5, "totals", "past", "the keys"),
+        (owner, "d2", "Паспорт", 7, -1),
+        (str(owner), "d3", "tab\tnew\nline\x01\x7f\"\\/", 1, 0),
+        (str(owner), "d4", None, True, 1.5),
+        (str(owner), "d5", "big", 2**70, False),
+        (str(owner), "d6", "\ud800", 0, 0),
+        (str(owner), "d7", date(2026, 12, 1), 0, datetime(2026, 12, 1, tzinfo=UTC)),
+    ]
+    formatter = StructuredFormatter("json")
+    record = _records(Rows(keys, rows), run_id=uuid.uuid4())
+    as_rows = formatter.format(record)
+    fields = record.fields  # type: ignore[attr-defined]
+    record.fields = {**fields, "each": list(fields["each"])}  # the same items, as dicts
+    as_dicts = formatter.format(record)
+
+    assert as_rows.encode() == as_dicts.encode()
+    assert len(as_rows.splitlines()) == len(rows)
+    first = json.loads(as_rows.splitlines()[0])
+    assert list(first) == ["ts", "level", "logger", "event", "run_id", *keys]
+    assert json.loads(as_rows.splitlines()[1])["type"] == "Паспорт"
+
+
+def test_rows_read_as_the_items_they_stand_for() -> None:
+    rows = Rows(("a", "b"), [(1, "x", "ignored"), (2, "y")])
+
+    assert list(rows) == [{"a": 1, "b": "x"}, {"a": 2, "b": "y"}]
+    assert rows[1] == {"a": 2, "b": "y"} and rows[:1] == [{"a": 1, "b": "x"}]
+    assert "'b': 'y'" in repr(rows)
+
+
+def test_a_field_of_the_record_that_a_row_also_names_takes_the_general_path() -> None:
+    record = _records(Rows(("run_id", "n"), [("mine", 1)]), run_id="common")
+
+    [line] = StructuredFormatter("json").format(record).splitlines()
+    assert json.loads(line)["run_id"] == "mine"
+
+
+def test_rows_in_text_format_are_a_line_each() -> None:
+    record = _records(Rows(("document_id", "days_left"), [("d1", 3), ("d2", 0)]), run_id="r")
+
+    lines = StructuredFormatter("text").format(record).splitlines()
+    assert [line.rsplit("  ", 1)[1] for line in lines] == [
+        "run_id=r document_id=d1 days_left=3", "run_id=r document_id=d2 days_left=0"]
+
+
+def test_the_handler_writes_a_records_lines_in_one_write(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    writes: list[str] = []
+
+    class Stream:
+        def write(self, text: str) -> None:
+            writes.append(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Stream())
+    handler = QueuedStderrHandler(fmt="json", backlog=2)
+    logger = _logger(handler, "tests.logs.block")
+    log_events(logger, logging.INFO, "reminder queued",
+               Rows(("document_id",), [(f"d{n}",) for n in range(500)]), run_id="r")
+    handler.close()
+
+    [block] = writes
+    assert [json.loads(line)["document_id"] for line in block.splitlines()] == [
+        f"d{n}" for n in range(500)]
+    assert block.endswith("\n")
+
+
+def test_below_the_level_no_record_is_made() -> None:
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    logger = _logger(Keep(), "tests.logs.level")
+    logger.setLevel(logging.WARNING)
+    log_events(logger, logging.INFO, "reminder queued", Rows(("a",), [(1,)]))
+
+    assert records == []
