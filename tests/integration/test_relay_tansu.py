@@ -173,8 +173,8 @@ def test_broker_killed_mid_pass_and_restarted_nothing_unacknowledged_is_marked(
 
         tansu.kill()
         relay.send_signal(signal.SIGCONT)
-        wait_for(lambda: "broker unavailable, backing off" in log.read_text(), timeout=60,
-                 what="the relay to back off while the broker is dead")
+        wait_for(lambda: '"kafka connection failing"' in log.read_text(), timeout=60,
+                 what="the relay to see the broker dead")
         marked_while_down = _published_ids()
         # Only what the dead broker had acknowledged may have been marked meanwhile.
         assert marked_while_down <= acknowledged_before
@@ -204,8 +204,8 @@ def test_broker_killed_mid_pass_and_restarted_nothing_unacknowledged_is_marked(
     # The broker's death is not the messages' fault: no attempt counted, no error kept.
     assert {(r["attempts"], r["last_error"]) for r in outbox_state()} == {(1, None)}
     lines = log.read_text().splitlines()
-    client_errors = [ln for ln in lines if '"kafka client error"' in ln]
-    assert len(client_errors) <= 20, "librdkafka's errors flooded the log"
+    outage_lines = [ln for ln in lines if '"kafka connection' in ln]
+    assert len(outage_lines) <= 20, "librdkafka's errors flooded the log"
     copies = Counter(r.message_id for r in after)
     chaos_report.record(
         "relay on Tansu: broker SIGKILLed mid-pass, restarted on its port", rows=total,
@@ -214,5 +214,4 @@ def test_broker_killed_mid_pass_and_restarted_nothing_unacknowledged_is_marked(
         sent_twice=len(acknowledged_before & delivered_after),
         duplicates_on_second=sum(n - 1 for n in copies.values()),
         producer_replaced=sum('"producer failed fatally' in ln for ln in lines),
-        backoffs=sum('"broker unavailable, backing off"' in ln for ln in lines),
-        client_error_lines=len(client_errors), unacknowledged_marked=0)
+        outage_lines=len(outage_lines), unacknowledged_marked=0)

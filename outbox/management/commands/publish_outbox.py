@@ -14,7 +14,7 @@ from core.config import parse_positive_int
 from core.db import DatabaseErrors
 from core.health import Heartbeat, database_ready
 from core.ops_server import Probes, ops_server_from_env
-from outbox import kafka, store
+from outbox import kafka, metrics, store
 from outbox.config import RelaySettings, load_relay_settings, validate
 from outbox.relay import Relay, RelayStats
 
@@ -80,6 +80,7 @@ class Command(ProjectCommand):
         server = ops_server_from_env(os.environ, Probes(beat.liveness, database_ready))
         if server is not None:
             gauges.install()
+            metrics.install_relay_metrics()
             server.start()
         try:
             Relay(settings, stop=stop, heartbeat=beat).run_loop()
