@@ -165,13 +165,14 @@ class Relay:
             metrics.set_connected(False)
         if error.fatal():
             self._fatal = error
-            return
         if kafka.refused(error):
             if self._refused is None:
                 self._refused = error
                 log_event(logger, logging.ERROR, "kafka refused the relay",
                           relay_id=self.relay_id, error=kafka.describe(error))
             return
+        if error.fatal():
+            return  # said by the replacement's line ("producer failed fatally")
         if self._refused is not None and error.code() == KafkaError._ALL_BROKERS_DOWN:
             return  # the refusal's consequence, already said
         self._outage.failed(kafka.describe(error))

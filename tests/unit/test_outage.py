@@ -1,7 +1,12 @@
-"""OutageLog: a Kafka outage as the first failure, a summary per interval, and the recovery."""
+"""OutageLog: a Kafka outage as the first failure, a summary per interval, and the recovery;
+and librdkafka's own lines for the same failures left out."""
 
+import logging
 from typing import Any
 
+import pytest
+
+from outbox.kafka import LibrdkafkaLog
 from outbox.outage import FAILING, RESTORED, STILL_FAILING, OutageLog
 
 Line = tuple[int, str, dict[str, Any]]
@@ -85,3 +90,17 @@ def test_an_outage_after_a_quiet_interval_is_said_at_once_again() -> None:
     log.failed("b")
     assert events(lines) == [FAILING, RESTORED, FAILING]
     assert lines[-1][2] == {"error": "b", "repeats": 0, "failing_for_s": 0.0}
+
+
+def test_librdkafka_lines_the_relay_reports_itself_are_not_logged_twice(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    log = LibrdkafkaLog(["s3cret"])
+    fmt = "%s [%s] %s"
+    with caplog.at_level(logging.DEBUG, logger="outbox.kafka"):
+        log.log(logging.ERROR, fmt, "FAIL", "relay-1#producer-1", "k:9092/1: Connect failed: refused")
+        log.log(logging.ERROR, fmt, "ERROR", "relay-1#producer-1", "k:9092/1: 1/1 brokers are down")
+        log.log(logging.CRITICAL, fmt, "FATAL", "relay-1#producer-1", "Fatal error: Unknown Producer Id")
+        log.log(logging.WARNING, fmt, "CONFWARN", "relay-1#producer-1", "property x is s3cret")
+    assert [r.getMessage() for r in caplog.records] == [
+        "CONFWARN [relay-1#producer-1] property x is ***"]
