@@ -156,6 +156,8 @@ class Relay:
         return self._producer
 
     def _log_outage(self, level: int, event: str, fields: dict[str, Any]) -> None:
+        if "error" in fields:  # librdkafka's text: scrubbed, as every line that shows it
+            fields = {**fields, "error": kafka.redact(fields["error"], self.settings)}
         log_event(logger, level, event, relay_id=self.relay_id, **fields)
 
     def _on_error(self, error: KafkaError) -> None:
