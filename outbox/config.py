@@ -77,6 +77,10 @@ class RelaySettings(Settings):
     backoff_initial: timedelta = timedelta(seconds=1)
     backoff_max: timedelta = timedelta(minutes=1)
     linger: timedelta = timedelta(milliseconds=5)
+    # A Kafka outage is logged once, then summarised once per this interval (outbox.outage).
+    outage_log_interval: timedelta = timedelta(seconds=60)
+    # librdkafka's statistics (round-trip times, queue) every this often, for the metrics.
+    statistics_interval: timedelta = timedelta(seconds=15)
     security: KafkaSecurity = KafkaSecurity()
     # Further librdkafka properties from KAFKA_PRODUCER_CONFIG; outbox.kafka refuses the guarded.
     extra_properties: tuple[tuple[str, Scalar], ...] = ()
@@ -107,7 +111,11 @@ VARIABLES: dict[str, tuple[str, Parser[Any]]] = {
     "OUTBOX_BACKOFF_INITIAL": ("backoff_initial", parse_duration),
     "OUTBOX_BACKOFF_MAX": ("backoff_max", parse_duration),
     "OUTBOX_LINGER": ("linger", parse_duration_or_zero),
+    "OUTBOX_OUTAGE_LOG_INTERVAL": ("outage_log_interval", parse_duration),
+    "OUTBOX_STATISTICS_INTERVAL": ("statistics_interval", parse_duration),
 }
+# librdkafka takes statistics.interval.ms up to a day.
+MAX_STATISTICS_INTERVAL = timedelta(days=1)
 
 
 def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
@@ -218,5 +226,8 @@ def validate(settings: RelaySettings) -> None:
             f"must be at least OUTBOX_BACKOFF_INITIAL ({settings.backoff_initial}), "
             f"got {settings.backoff_max}",
         )
+    if settings.statistics_interval > MAX_STATISTICS_INTERVAL:
+        raise ConfigError("OUTBOX_STATISTICS_INTERVAL",
+                          f"must be at most 24h, got {settings.statistics_interval}")
     if settings.batch_size > MAX_COUNT:
         raise ConfigError("OUTBOX_BATCH_SIZE", f"must be <= {MAX_COUNT}, got {settings.batch_size}")

@@ -45,6 +45,7 @@ GUARDED_PROPERTIES = {
     "linger.ms": "set OUTBOX_LINGER instead",
     "queue.buffering.max.ms": "set OUTBOX_LINGER instead",
     "client.id": "the relay names its instances itself",
+    "statistics.interval.ms": "set OUTBOX_STATISTICS_INTERVAL instead",
     **{prop: f"set {var} instead" for prop, var in SECURITY_VARIABLES.items()},
 }
 # Property names whose values are secrets: never shown, even from KAFKA_PRODUCER_CONFIG.
@@ -222,6 +223,7 @@ def producer_config(settings: RelaySettings, client_id: str) -> dict[str, Any]:
         "queue.buffering.max.messages": max(100_000, 2 * settings.batch_size),
         # Notice a broker that is back within a couple of seconds (librdkafka's default is 10 s).
         "reconnect.backoff.max.ms": 2_000,
+        "statistics.interval.ms": int(settings.statistics_interval.total_seconds() * 1000),
         "logger": LibrdkafkaLog(secrets(settings)),
     }
 
@@ -265,9 +267,15 @@ class RepeatFilter:
         return True
 
 
+# librdkafka's log facilities whose failures the relay reports itself: a failed connection
+# (FAIL, ERROR) reaches its error callback and so the outage log (outbox.outage), a fatal
+# error (FATAL) its "producer failed fatally" line. Logging both would say each failure twice.
+REPORTED_FACILITIES = frozenset({"FAIL", "ERROR", "FATAL"})
+
+
 class LibrdkafkaLog:
-    """librdkafka's own log lines into `outbox.kafka`, without its FAIL lines (the relay's error
-    callback reports each of those, once), without repeats, and with any secret scrubbed."""
+    """librdkafka's own log lines into `outbox.kafka`, without the failures the relay reports
+    itself (REPORTED_FACILITIES), without repeats, and with any secret scrubbed."""
 
     def __init__(self, hidden: list[str] | None = None) -> None:
         self._repeats = RepeatFilter()
@@ -276,16 +284,19 @@ class LibrdkafkaLog:
     def log(self, level: int, fmt: str, *args: Any) -> None:
         facility = args[0] if args else ""
         line = fmt % args if args else fmt
-        if facility != "FAIL" and self._repeats.fresh(line):
+        if facility not in REPORTED_FACILITIES and self._repeats.fresh(line):
             for secret in self._hidden:
                 line = line.replace(secret, "***")
             logger.log(level, "%s", line)
 
 
-def new_producer(settings: RelaySettings, client_id: str, on_error: Any = None) -> Producer:
+def new_producer(settings: RelaySettings, client_id: str, on_error: Any = None,
+                 on_statistics: Any = None) -> Producer:
     config = producer_config(settings, client_id)
     if on_error is not None:
         config["error_cb"] = on_error
+    if on_statistics is not None:
+        config["stats_cb"] = on_statistics
     return Producer(config)
 
 

@@ -1,15 +1,21 @@
-"""Outbox metrics: the backlog read from the table at scrape time, and the relay's counters.
+"""Outbox metrics: the backlog read from the table at scrape time, and the relay's own.
 
 The relay calls `record_published(n)`, `record_failed(n)` and `record_parked(n)` as delivery
-reports come in. The outbox app offers its backlog gauges through core.gauges (apps.py), so
-any process that serves metrics shows them: the reminder worker does, so the backlog stays
-visible while the relay is down.
+reports come in, `observe_delivery_latency()` per delivered row, `set_connected()` on what
+librdkafka says, and `observe_statistics()` with its statistics. The outbox app offers its
+backlog gauges through core.gauges (apps.py), so any process that serves metrics shows them:
+the reminder worker does, so the backlog stays visible while the relay is down. The relay's own
+metrics are in no registry until the relay installs them (`install_relay_metrics`): a worker,
+which never relays, does not export them stuck at 0.
 """
 
-from prometheus_client import Counter
+import threading
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from core.gauges import DatabaseGauges
 from outbox import store
+from outbox.statistics import ProducerStatistics
 
 UNPUBLISHED = "profile_outbox_unpublished_messages"
 OLDEST_AGE = "profile_outbox_oldest_unpublished_age_seconds"
@@ -22,14 +28,60 @@ GAUGES = {
 GAUGE_REFRESH_S = 15.0
 
 PUBLISHED_TOTAL = Counter(
-    "profile_outbox_published_total", "Outbox messages the relay published (delivery confirmed)."
+    "profile_outbox_published_total", "Outbox messages the relay published (delivery confirmed).",
+    registry=None,
 )
 FAILED_TOTAL = Counter(
-    "profile_outbox_failed_total", "Failed delivery attempts of outbox messages (retried or parked)."
+    "profile_outbox_failed_total", "Failed delivery attempts of outbox messages (retried or parked).",
+    registry=None,
 )
 PARKED_TOTAL = Counter(
-    "profile_outbox_parked_total", "Outbox messages the relay parked after its last attempt."
+    "profile_outbox_parked_total", "Outbox messages the relay parked after its last attempt.",
+    registry=None,
 )
+BROKER_CONNECTED = Gauge(
+    "profile_outbox_broker_connected",
+    "1 while the relay reaches Kafka (a delivery succeeded or a broker is up in librdkafka's "
+    "statistics), 0 from its start or once librdkafka reports all brokers down.",
+    registry=None,
+)
+# From 50 ms (a relay keeping up) to hours (a backlog after an outage).
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600,
+                   7200, 14400, 43200)
+DELIVERY_LATENCY = Histogram(
+    "profile_outbox_delivery_latency_seconds",
+    "From an outbox row's created_at to the broker's acknowledgement of its message.",
+    buckets=LATENCY_BUCKETS, registry=None,
+)
+BROKER_RTT = Gauge(
+    "profile_outbox_broker_rtt_seconds",
+    "Round-trip time of the relay's requests to each broker (p99 over librdkafka's last "
+    "statistics interval).",
+    ["broker"], registry=None,
+)
+QUEUE_MESSAGES = Gauge(
+    "profile_outbox_producer_queue_messages",
+    "Messages in the relay's producer queue, produced and not yet acknowledged or failed.",
+    registry=None,
+)
+QUEUE_BYTES = Gauge(
+    "profile_outbox_producer_queue_bytes",
+    "Bytes of the messages in the relay's producer queue.", registry=None,
+)
+RELAY_METRICS = (PUBLISHED_TOTAL, FAILED_TOTAL, PARKED_TOTAL, BROKER_CONNECTED, DELIVERY_LATENCY,
+                 BROKER_RTT, QUEUE_MESSAGES, QUEUE_BYTES)
+_installed: set[int] = set()
+_install_lock = threading.Lock()
+_brokers: set[str] = set()
+
+
+def install_relay_metrics(registry: CollectorRegistry = REGISTRY) -> None:
+    """Register the relay's own metrics in `registry` (once): in a process that relays."""
+    with _install_lock:
+        if id(registry) not in _installed:
+            for metric in RELAY_METRICS:
+                registry.register(metric)
+            _installed.add(id(registry))
 
 
 def record_published(n: int = 1) -> None:
@@ -45,6 +97,29 @@ def record_failed(n: int = 1) -> None:
 def record_parked(n: int = 1) -> None:
     """The relay parked `n` messages."""
     PARKED_TOTAL.inc(n)
+
+
+def set_connected(connected: bool) -> None:
+    BROKER_CONNECTED.set(1 if connected else 0)
+
+
+def observe_delivery_latency(seconds: float) -> None:
+    """One delivered row: from its created_at to the acknowledgement (0 if the clocks disagree)."""
+    DELIVERY_LATENCY.observe(max(0.0, seconds))
+
+
+def observe_statistics(stats: ProducerStatistics) -> None:
+    """librdkafka's statistics: the queue, and the round-trip time of the brokers it lists."""
+    QUEUE_MESSAGES.set(stats.queue_messages)
+    QUEUE_BYTES.set(stats.queue_bytes)
+    for broker in _brokers - set(stats.rtt_s):
+        BROKER_RTT.remove(broker)  # gone or down: no stale value
+    for broker, rtt in stats.rtt_s.items():
+        if rtt is not None:  # else idle in the interval: the last value stands
+            BROKER_RTT.labels(broker=broker).set(rtt)
+    shown = {b for b, rtt in stats.rtt_s.items() if rtt is not None or b in _brokers}
+    _brokers.clear()
+    _brokers.update(shown)
 
 
 def read_outbox_backlog(using: str = "default") -> dict[str, float]:

@@ -19,7 +19,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -31,6 +31,8 @@ from core.health import Heartbeat
 from core.logs import log_event
 from outbox import kafka, metrics, store
 from outbox.config import RelaySettings
+from outbox.outage import OutageLog
+from outbox.statistics import parse_statistics
 from outbox.wakeup import Wakeup
 
 logger = logging.getLogger("outbox.relay")
@@ -97,6 +99,7 @@ class RelayStats(_Deliveries):
 @dataclass(frozen=True, slots=True)
 class _Delivery:
     error: KafkaError | None
+    acked_at: datetime | None = None  # when the broker's acknowledgement came back
 
 
 @dataclass(slots=True)
@@ -138,7 +141,8 @@ class Relay:
         self._producer: Producer | None = None
         self._fatal: KafkaError | None = None
         self._refused: KafkaError | None = None  # the first refusal: the relay stops on it
-        self._errors = kafka.RepeatFilter()
+        self._outage = OutageLog(self._log_outage,
+                                 interval_s=settings.outage_log_interval.total_seconds())
         self._stop_seen_at: float | None = None
         self._session: object | None = None  # the database session the relay last led on
         self._leading = False
@@ -155,10 +159,20 @@ class Relay:
                 if self._producer is not None:
                     self._drop(self._producer)
             self._fatal = None
-            self._producer = kafka.new_producer(self.settings, self.relay_id, self._on_error)
+            self._producer = kafka.new_producer(self.settings, self.relay_id, self._on_error,
+                                                self._on_statistics)
         return self._producer
 
+    def _log_outage(self, level: int, event: str, fields: dict[str, Any]) -> None:
+        if "error" in fields:  # librdkafka's text: scrubbed, as every line that shows it
+            fields = {**fields, "error": kafka.redact(fields["error"], self.settings)}
+        log_event(logger, level, event, relay_id=self.relay_id, **fields)
+
     def _on_error(self, error: KafkaError) -> None:
+        """librdkafka's error callback: a refusal stops the relay, a fatal error replaces the
+        producer (its line is the replacement's), anything else is a failing connection."""
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            metrics.set_connected(False)
         if error.fatal():
             self._fatal = error
         if kafka.refused(error):
@@ -167,11 +181,22 @@ class Relay:
                 log_event(logger, logging.ERROR, "kafka refused the relay",
                           relay_id=self.relay_id, error=kafka.describe(error))
             return
+        if error.fatal():
+            return  # said by the replacement's line ("producer failed fatally")
         if self._refused is not None and error.code() == KafkaError._ALL_BROKERS_DOWN:
             return  # the refusal's consequence, already said
-        if self._errors.fresh(kafka.describe(error)):
-            log_event(logger, logging.WARNING, "kafka client error", relay_id=self.relay_id,
-                      error=kafka.describe(error))
+        self._outage.failed(kafka.describe(error))
+
+    def _on_statistics(self, text: str) -> None:
+        """librdkafka's statistics: the metrics, and a broker up means Kafka answers again."""
+        stats = parse_statistics(text)
+        metrics.observe_statistics(stats)
+        if stats.any_broker_up:
+            self._reached_kafka()
+
+    def _reached_kafka(self) -> None:
+        metrics.set_connected(True)
+        self._outage.restored()
 
     def _poll(self, producer: Producer, timeout: float) -> bool:
         """Serve callbacks; False if the producer failed fatally (poll raises that, for instance
@@ -205,7 +230,7 @@ class Relay:
     def _produce(self, producer: Producer, message: store.ClaimedMessage,
                  deliveries: dict[uuid.UUID, _Delivery]) -> None:
         def delivered(message_id: uuid.UUID, error: KafkaError | None, _record: Any) -> None:
-            deliveries[message_id] = _Delivery(error)
+            deliveries[message_id] = _Delivery(error, None if error else datetime.now(UTC))
 
         while True:
             try:
@@ -353,6 +378,9 @@ class Relay:
             error = report.error if report else None
             if report is not None and error is None:
                 delivered.append(message.id)
+                if report.acked_at is not None:
+                    metrics.observe_delivery_latency(
+                        (report.acked_at - message.created_at).total_seconds())
             elif error is None or kafka.broker_unavailable(error):
                 unavailable.append(message.id)
                 first_unavailable = first_unavailable or error
@@ -371,10 +399,15 @@ class Relay:
         for message_id in outcome.parked:
             log_event(logger, logging.ERROR, "message parked", relay_id=self.relay_id,
                       message_id=message_id, attempts=self.settings.max_attempts)
+        if delivered:
+            self._reached_kafka()
         if unavailable and self._refused is None:
-            log_event(logger, logging.WARNING, "broker unavailable, messages released",
-                      relay_id=self.relay_id, released=len(unavailable),
-                      error=kafka.describe(first_unavailable) if first_unavailable else "no report")
+            error_text = kafka.describe(first_unavailable) if first_unavailable else "no report"
+            if self.stop.is_set():  # the shutdown grace ran out, not necessarily the broker
+                log_event(logger, logging.WARNING, "messages released at stop",
+                          relay_id=self.relay_id, released=len(unavailable), error=error_text)
+            else:
+                self._outage.failed(error_text, released=len(unavailable))
         log_event(logger, logging.DEBUG, "batch done", relay_id=self.relay_id,
                   claimed=outcome.claimed, published=outcome.published,
                   released=outcome.released, failed=outcome.failed, parked=len(outcome.parked))
@@ -415,11 +448,12 @@ class Relay:
             self.resign()
         return self.stats
 
-    def _back_off(self, failures: int, reason: str, **fields: Any) -> None:
+    def _back_off(self, failures: int, reason: str, level: int = logging.WARNING,
+                  **fields: Any) -> None:
         delay = backoff_delay(failures, self.settings.backoff_initial, self.settings.backoff_max,
                               self.rng)
         self.stats.backoffs.append(delay)
-        log_event(logger, logging.WARNING, reason, relay_id=self.relay_id, attempt=failures,
+        log_event(logger, level, reason, relay_id=self.relay_id, attempt=failures,
                   retry_in_s=round(delay, 3), **fields)
         self._wait(delay)
 
@@ -432,6 +466,7 @@ class Relay:
         log_event(logger, logging.INFO, "relay started", relay_id=self.relay_id,
                   batch_size=self.settings.batch_size,
                   poll_interval_s=self.settings.poll_interval.total_seconds())
+        metrics.set_connected(False)  # until a delivery or the statistics show a broker up
         try:
             wakeup.listen()
             self.connect()
@@ -455,7 +490,8 @@ class Relay:
                     break  # what the stop released is not the broker's fault
                 if outcome.broker_unavailable:
                     unavailable += 1
-                    self._back_off(unavailable, "broker unavailable, backing off")
+                    # The outage log (OutageLog) says it, once per interval.
+                    self._back_off(unavailable, "broker unavailable, backing off", logging.DEBUG)
                     continue
                 unavailable = 0
                 if outcome.claimed == 0:
@@ -471,6 +507,10 @@ class Relay:
         """Hand the lead over, let the producer finish (nothing is in flight between batches)
         and drop it."""
         self.resign()
+        if self._fatal is not None:  # failed at the end of a pass: no replacement said it
+            log_event(logger, logging.ERROR, "producer failed fatally", relay_id=self.relay_id,
+                      error=kafka.describe(self._fatal))
+            self._fatal = None
         if self._producer is not None:
             try:
                 self._producer.flush(self.settings.shutdown_grace.total_seconds())

@@ -167,6 +167,10 @@ def test_requeue_of_a_message_that_is_not_parked_fails_with_exit_1(transactional
         ({"OUTBOX_SHUTDOWN_GRACE": "-3s"}, "OUTBOX_SHUTDOWN_GRACE"),
         ({"OUTBOX_BACKOFF_INITIAL": "2m"}, "OUTBOX_BACKOFF_MAX"),
         ({"OUTBOX_LINGER": "soon"}, "OUTBOX_LINGER"),
+        ({"OUTBOX_OUTAGE_LOG_INTERVAL": "0s"}, "OUTBOX_OUTAGE_LOG_INTERVAL"),
+        ({"OUTBOX_OUTAGE_LOG_INTERVAL": "every minute"}, "OUTBOX_OUTAGE_LOG_INTERVAL"),
+        ({"OUTBOX_STATISTICS_INTERVAL": "0"}, "OUTBOX_STATISTICS_INTERVAL"),
+        ({"OUTBOX_STATISTICS_INTERVAL": "2d"}, "OUTBOX_STATISTICS_INTERVAL"),
     ],
 )
 def test_bad_configuration_names_the_variable(environ: dict[str, str], variable: str) -> None:
@@ -183,6 +187,16 @@ def test_configuration_defaults() -> None:
     settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": " k1:9092, k2:9092 "})
     assert settings == RelaySettings(bootstrap_servers="k1:9092,k2:9092")
     assert settings.retention == timedelta(days=7) and settings.batch_size == 500
+    assert settings.outage_log_interval == timedelta(seconds=60)
+    assert settings.statistics_interval == timedelta(seconds=15)
+
+
+def test_the_outage_and_statistics_intervals_are_read() -> None:
+    settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": "k1:9092",
+                                    "OUTBOX_OUTAGE_LOG_INTERVAL": "5m",
+                                    "OUTBOX_STATISTICS_INTERVAL": "500ms"})
+    assert settings.outage_log_interval == timedelta(minutes=5)
+    assert settings.statistics_interval == timedelta(milliseconds=500)
 
 
 def test_stop_before_a_batch_claims_nothing(transactional_db: None) -> None:

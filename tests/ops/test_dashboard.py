@@ -22,6 +22,7 @@ GRID_COLUMNS = 24
 RATE_UNITS = {"mps", "ops", "reqps", "cps", "eps"}
 TIME_UNITS = {"s", "ms", "dtdurations"}
 COUNT_UNITS = {"short", "none"}
+SIZE_UNITS = {"bytes"}
 _AGGREGATION = re.compile(r"^(?:sum|max|min|avg|count)\s*(?:(?:by|without)\s*\([^)]*\))?\s*\(")
 
 Panel = dict[str, Any]
@@ -77,7 +78,7 @@ def test_the_helpers_see_what_they_should() -> None:
 @pytest.mark.parametrize("panel", panels(), ids=lambda p: f"{p['id']}-{p['title']}")
 def test_every_panel_has_one_unit_and_explicit_thresholds(panel: Panel) -> None:
     defaults = panel["fieldConfig"]["defaults"]
-    assert defaults.get("unit") in RATE_UNITS | TIME_UNITS | COUNT_UNITS
+    assert defaults.get("unit") in RATE_UNITS | TIME_UNITS | COUNT_UNITS | SIZE_UNITS
     for override in panel["fieldConfig"].get("overrides", []):
         assert all(p["id"] != "unit" for p in override["properties"]), "one unit per panel"
     thresholds = defaults["thresholds"]
@@ -121,7 +122,7 @@ def test_stat_colours_turn_red_where_their_alert_fires() -> None:
         assert len(red) == 1 and limit <= red[0] <= limit + 1, (panel["title"], red, limit)
         assert all(s["value"] is None or s["value"] < red[0] for s in steps if s["color"] != "red")
         linked += 1
-    assert linked == 4
+    assert linked == 5
 
 
 def test_time_since_the_last_success_is_green_below_25h_and_red_from_26h() -> None:
@@ -168,6 +169,12 @@ def test_dashboard_shows_what_the_issue_lists() -> None:
         "profile_outbox_unpublished_messages",
         "profile_outbox_oldest_unpublished_age_seconds",
         "profile_outbox_parked_messages",
+        # the relay's own (issue 14)
+        "profile_outbox_broker_connected",
+        "profile_outbox_delivery_latency_seconds_bucket",
+        "profile_outbox_broker_rtt_seconds",
+        "profile_outbox_producer_queue_messages",
+        "profile_outbox_producer_queue_bytes",
     }
 
 
@@ -177,6 +184,7 @@ def test_every_query_names_only_metrics_the_code_exports(
 ) -> None:
     exported = exported_metric_names(tmp_path, kafka.bootstrap_servers)
     assert "profile_document_expiry_reminder_cycle_duration_seconds_bucket" in exported
+    assert "profile_outbox_broker_rtt_seconds" in exported  # labelled: its family, no sample yet
     for panel in panels():
         for expr in exprs(panel):
             named = promql_metric_names(expr)

@@ -5,6 +5,7 @@ import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import psycopg
 import pytest
@@ -15,6 +16,7 @@ from core.config import ConfigError
 from core.gauges import DatabaseGauges
 from core.health import Heartbeat
 from core.ops_server import parse_listen_addr
+from devtools.mock_kafka import MockKafkaCluster
 from outbox import metrics as outbox_metrics
 from reminders import metrics
 from reminders.config import ReminderSettings, load_settings
@@ -29,6 +31,7 @@ from reminders.observe import ObservedCycles, observed_loop, seed_from_history
 from reminders.result import CycleResult
 from reminders.retention import prune_run_history
 from tests.conftest import as_worker, command_env, manage_py
+from tests.support.exported_metrics import exported_metric_names_by_process
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, day, expiring_in
 from tests.support.run_history import insert_run
@@ -148,6 +151,8 @@ def test_the_worker_role_still_cannot_read_outbox_payloads(transactional_db: Non
 
 
 def test_relay_counters_add_up() -> None:
+    outbox_metrics.install_relay_metrics()  # as the relay does; twice is harmless
+    outbox_metrics.install_relay_metrics()
     before = [sample(n) for n in ("profile_outbox_published_total", "profile_outbox_failed_total",
                                   "profile_outbox_parked_total")]
     outbox_metrics.record_published(5)
@@ -381,3 +386,22 @@ def test_heartbeat_liveness_for_the_relay_loop() -> None:
     assert not beat.liveness(NOW + timedelta(minutes=5, seconds=1)).ok
     beat.beat(NOW + timedelta(minutes=6))
     assert beat.liveness(NOW + timedelta(minutes=7)).ok
+
+
+@pytest.mark.slow
+def test_the_worker_serves_the_outbox_backlog_but_none_of_the_relays_own_metrics(
+    transactional_db: None, kafka: MockKafkaCluster, tmp_path: Path
+) -> None:
+    """A worker never relays: the relay's counters, latency and broker gauges would sit at 0
+    on its /metrics and read as "the relay published nothing". The backlog gauges are real
+    there (read from the table), so they stay."""
+    scraped = exported_metric_names_by_process(tmp_path, kafka.bootstrap_servers)
+    relay_own = {"profile_outbox_published_total", "profile_outbox_failed_total",
+                 "profile_outbox_parked_total", "profile_outbox_broker_connected",
+                 "profile_outbox_delivery_latency_seconds_bucket",
+                 "profile_outbox_producer_queue_messages", "profile_outbox_producer_queue_bytes",
+                 "profile_outbox_broker_rtt_seconds"}
+    backlog = set(outbox_metrics.GAUGES)
+    assert relay_own <= scraped["relay"] and backlog <= scraped["relay"]
+    worker_outbox = {n for n in scraped["worker"] if n.startswith("profile_outbox_")}
+    assert worker_outbox == backlog

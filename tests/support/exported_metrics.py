@@ -114,6 +114,12 @@ def scrape_process(command: list[str], env: dict[str, str], log: Path,
 def exported_metric_names(tmp_path: Path, kafka_bootstrap: str) -> set[str]:
     """Sample names the worker and the relay serve on /metrics (scraped once per session).
     Needs a migrated database the worker role may use, and a broker for the relay."""
+    scraped = exported_metric_names_by_process(tmp_path, kafka_bootstrap)
+    return scraped["worker"] | scraped["relay"]
+
+
+def exported_metric_names_by_process(tmp_path: Path, kafka_bootstrap: str) -> dict[str, set[str]]:
+    """{"worker": names, "relay": names}: what each process serves (scraped once per session)."""
     if not _scraped:
         worker = scrape_process(
             ["run_expiry_reminders", "--loop"], command_env(), tmp_path / "worker.log",
@@ -126,4 +132,4 @@ def exported_metric_names(tmp_path: Path, kafka_bootstrap: str) -> set[str]:
             ["publish_outbox", "--loop"], relay_env, tmp_path / "relay.log",
             lambda text, _log: "profile_outbox_unpublished_messages " in text)
         _scraped["worker"], _scraped["relay"] = sample_names(worker), sample_names(relay)
-    return _scraped["worker"] | _scraped["relay"]
+    return dict(_scraped)

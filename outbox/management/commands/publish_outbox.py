@@ -16,7 +16,7 @@ from core.failures import classify_on
 from core.health import Heartbeat, database_ready
 from core.ops_server import Probes, ops_server_from_env
 from core.progress import ProgressBar
-from outbox import kafka, store
+from outbox import kafka, metrics, store
 from outbox.config import RelaySettings, load_relay_settings, validate
 from outbox.relay import Relay, RelayStats
 
@@ -91,6 +91,7 @@ class Command(ProjectCommand):
         server = ops_server_from_env(os.environ, Probes(beat.liveness, database_ready))
         if server is not None:
             gauges.install()
+            metrics.install_relay_metrics()
             server.start()
         try:
             Relay(settings, stop=stop, heartbeat=beat).run_loop()
