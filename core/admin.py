@@ -66,6 +66,30 @@ def parse_uuid(term: str) -> uuid.UUID | None:
         return None
 
 
+class RunIdFilter(admin.SimpleListFilter):
+    """A list filter on one run, `?<parameter_name>=<run id>`, as the run history links to
+    it: no list of runs to choose from, only the one asked for (so the filter strip shows it
+    is active); a value that is not a UUID matches nothing. Subclasses say which rows the
+    run wrote (`rows_of_run`)."""
+
+    title = "run"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        value = self.value()
+        return [] if value is None else [(value, f"run {value[:8]}")]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        value = self.value()
+        if value is None:
+            return queryset
+        run_id = parse_uuid(value)
+        return queryset.none() if run_id is None else self.rows_of_run(request, queryset, run_id)
+
+    def rows_of_run(self, request: HttpRequest, queryset: QuerySet[Any],
+                    run_id: uuid.UUID) -> QuerySet[Any]:
+        raise NotImplementedError
+
+
 def exact_uuid_filter(
     queryset: QuerySet[Any], term: str, uuid_fields: Sequence[str], text_fields: Sequence[str] = ()
 ) -> QuerySet[Any]:

@@ -7,6 +7,7 @@ overwrites it.
 """
 
 import json
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -23,10 +24,10 @@ from django.utils.safestring import SafeString
 from core.admin import (
     OverviewCard,
     ReadOnlyAdmin,
+    RunIdFilter,
     clipped,
     compact_time,
     exact_uuid_filter,
-    parse_uuid,
     short_id,
 )
 from outbox import store as outbox_store
@@ -77,7 +78,7 @@ class DeliveryStateFilter(admin.SimpleListFilter):
                 return queryset
 
 
-class CorrelationFilter(admin.SimpleListFilter):
+class CorrelationFilter(RunIdFilter):
     """The events one run wrote: `?correlation_id=<run id>` (their headers carry it), as the
     run history links to them, with the run's window in `created_at__gte` / `__lte`.
 
@@ -89,18 +90,8 @@ class CorrelationFilter(admin.SimpleListFilter):
     title = "run (correlation id)"
     parameter_name = "correlation_id"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        # No list of runs to choose from: the one asked for, so the sidebar shows it is active.
-        value = self.value()
-        return [] if value is None else [(value, f"run {value[:8]}")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        if value is None:
-            return queryset
-        run_id = parse_uuid(value)
-        if run_id is None:
-            return queryset.none()
+    def rows_of_run(self, request: HttpRequest, queryset: QuerySet[Any],
+                    run_id: uuid.UUID) -> QuerySet[Any]:
         queryset = queryset.filter(headers__correlation_id=str(run_id))
         since = _instant(request.GET.get("created_at__gte"))
         if since is not None:

@@ -5,6 +5,7 @@ ledger of millions of rows: no full count, exact-UUID search through the indexes
 whose choices cost a few index probes, and a date hierarchy that skips through an index.
 """
 
+import uuid
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from typing import Any, Literal
 from urllib.parse import urlencode
@@ -19,7 +20,14 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from core.admin import ReadOnlyAdmin, clipped, compact_time, exact_uuid_filter, parse_uuid, short_id
+from core.admin import (
+    ReadOnlyAdmin,
+    RunIdFilter,
+    clipped,
+    compact_time,
+    exact_uuid_filter,
+    short_id,
+)
 from reminders.events import DOCUMENT_TYPES
 from reminders.models import DocumentExpiryReminder, ReminderRun
 from reminders.overview import configured_thresholds, days_label, overview_context
@@ -103,7 +111,7 @@ class DocumentTypeFilter(admin.SimpleListFilter):
         return queryset if value is None else queryset.filter(type=value)
 
 
-class RunFilter(admin.SimpleListFilter):
+class RunFilter(RunIdFilter):
     """The markers a run wrote: `?run_id=<uuid>`, as the run history links to them.
 
     The run's markers were reminded between its start and its end (both on the database's
@@ -111,21 +119,10 @@ class RunFilter(admin.SimpleListFilter):
     instead of every marker.
     """
 
-    title = "run"
     parameter_name = "run_id"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        # No list of runs to choose from: the one asked for, so the sidebar shows it is active.
-        value = self.value()
-        return [] if value is None else [(value, f"run {value[:8]}")]
-
-    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        value = self.value()
-        if value is None:
-            return queryset
-        run_id = parse_uuid(value)
-        if run_id is None:
-            return queryset.none()
+    def rows_of_run(self, request: HttpRequest, queryset: QuerySet[Any],
+                    run_id: uuid.UUID) -> QuerySet[Any]:
         queryset = queryset.filter(run_id=run_id)
         run = ReminderRun.objects.filter(run_id=run_id).only("started_at", "finished_at").first()
         if run is not None:
