@@ -19,7 +19,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -99,7 +99,7 @@ class RelayStats(_Deliveries):
 @dataclass(frozen=True, slots=True)
 class _Delivery:
     error: KafkaError | None
-    acked_at: datetime | None = None  # when the broker's acknowledgement came back
+    acked_at: float | None = None  # when the broker's acknowledgement came back (monotonic)
 
 
 @dataclass(slots=True)
@@ -230,7 +230,7 @@ class Relay:
     def _produce(self, producer: Producer, message: store.ClaimedMessage,
                  deliveries: dict[uuid.UUID, _Delivery]) -> None:
         def delivered(message_id: uuid.UUID, error: KafkaError | None, _record: Any) -> None:
-            deliveries[message_id] = _Delivery(error, None if error else datetime.now(UTC))
+            deliveries[message_id] = _Delivery(error, None if error else time.monotonic())
 
         while True:
             try:
@@ -378,9 +378,9 @@ class Relay:
             error = report.error if report else None
             if report is not None and error is None:
                 delivered.append(message.id)
-                if report.acked_at is not None:
+                if report.acked_at is not None:  # its age when read, plus the time since
                     metrics.observe_delivery_latency(
-                        (report.acked_at - message.created_at).total_seconds())
+                        message.age_at_read_s + report.acked_at - message.read_at)
             elif error is None or kafka.broker_unavailable(error):
                 unavailable.append(message.id)
                 first_unavailable = first_unavailable or error

@@ -3,6 +3,7 @@ of `sql/queries.sql` in its own short transaction (autocommit), so that no trans
 open across a Kafka call."""
 
 import json
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +34,10 @@ class ClaimedMessage:
     aggregate_id: str
     created_at: datetime
     attempts: int
+    # The row's age when read, on the database's clock, and when that was on this process's
+    # monotonic clock: its age at any later moment without the relay's wall clock.
+    age_at_read_s: float = 0.0
+    read_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +107,12 @@ def read_batch(using: str, *, batch_size: int,
         cur.execute(QUERIES["read_batch"], {"batch_size": batch_size,
                                             "after_created_at": after[0], "after_id": after[1]})
         rows = cur.fetchall()
+    read_at = time.monotonic()
     return [
         ClaimedMessage(
             id=r[0], topic=r[1], key=r[2], payload=r[3], headers=json.loads(r[4]),
             aggregate_type=r[5], aggregate_id=r[6], created_at=r[7], attempts=r[8],
+            age_at_read_s=r[9], read_at=read_at,
         )
         for r in rows
     ]

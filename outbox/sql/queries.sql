@@ -5,7 +5,9 @@
 
 -- read_batch: up to batch_size deliverable rows after a (created_at, id) position, in that order, each the oldest unpublished row of its key; read by the one leading relay, so nothing is leased
 select o.id, o.topic, o.message_key, o.payload::text, o.headers::text, o.aggregate_type,
-       o.aggregate_id, o.created_at, o.attempts
+       o.aggregate_id, o.created_at, o.attempts,
+       -- the row's age now, on the database's clock (which stamped created_at)
+       extract(epoch from clock_timestamp() - o.created_at)::float8
 from outbox_messages o
 where o.published_at is null
   and o.parked_at is null

@@ -14,6 +14,7 @@ from devtools.mock_kafka import MockKafkaCluster
 from outbox import metrics
 from outbox.outage import FAILING, RESTORED, STILL_FAILING
 from outbox.relay import Relay
+from tests.support.ledger import database_now
 from tests.support.relay_support import (
     RelayThread,
     as_relay,
@@ -109,7 +110,9 @@ def test_delivery_latency_runs_from_created_at_to_the_acknowledgement(
     count_before = sample("profile_outbox_delivery_latency_seconds_count") or 0.0
     sum_before = sample("profile_outbox_delivery_latency_seconds_sum") or 0.0
     under_a_minute = sample("profile_outbox_delivery_latency_seconds_bucket", le="60.0") or 0.0
-    written = datetime.now(UTC) - timedelta(seconds=90)
+    # Ninety seconds old on the database's clock, which stamps created_at (the relay's own wall
+    # clock plays no part: the age comes from the database, the rest from a monotonic clock).
+    written = database_now() - timedelta(seconds=90)
     for n in range(4):
         insert_outbox(f"owner-{uuid.uuid4()}", created_at=written + timedelta(milliseconds=n))
     metrics.set_connected(False)
