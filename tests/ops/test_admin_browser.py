@@ -136,7 +136,10 @@ def ledger(transactional_db: None) -> dict[str, Any]:
     last = finished_run(today, host=HOST)
     written_at = today + timedelta(seconds=1)  # while the run ran: its events link finds them
     for _ in range(6):
-        outbox_message(published=True, attempts=1, correlation_id=last.run_id, created_at=written_at)
+        # Published just after the run, on the same clock (03:00 may be hours ahead of the
+        # real clock just after midnight: published "now" would be before the run started).
+        outbox_message(published=True, attempts=1, correlation_id=last.run_id, created_at=written_at,
+                       published_at=written_at + timedelta(seconds=1))
     for _ in range(3):
         outbox_message(attempts=2, last_error=RELAY_ERROR, correlation_id=last.run_id,
                        created_at=written_at)

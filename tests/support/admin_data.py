@@ -87,7 +87,9 @@ def finished_run(started_at: datetime, status: str = ReminderRun.Status.SUCCEEDE
 
 def outbox_message(*, parked: bool = False, published: bool = False, attempts: int = 0,
                    last_error: str | None = None, correlation_id: uuid.UUID | None = None,
-                   created_at: datetime | None = None) -> OutboxMessage:
+                   created_at: datetime | None = None,
+                   published_at: datetime | None = None) -> OutboxMessage:
+    """An outbox row; a published or parked one is so since now, or since `published_at`."""
     owner = str(uuid.uuid4())
     now = datetime.now(UTC)
     created = {} if created_at is None else {"created_at": created_at}
@@ -97,6 +99,6 @@ def outbox_message(*, parked: bool = False, published: bool = False, attempts: i
         payload={"ownerUserId": owner, "documents": [{"type": "Visa", "thresholdDays": 7}]},
         headers={"event_type": "DocumentExpiryReminderKafkaEvent",
                  **({"correlation_id": str(correlation_id)} if correlation_id else {})},
-        published_at=now if published else None, parked_at=now if parked else None,
+        published_at=(published_at or now) if published else None, parked_at=now if parked else None,
         attempts=attempts, last_error=last_error, **created,
     )
