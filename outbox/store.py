@@ -36,8 +36,8 @@ class ClaimedMessage:
     attempts: int
     # The row's age when read, on the database's clock, and when that was on this process's
     # monotonic clock: its age at any later moment without the relay's wall clock.
-    age_at_read_s: float = 0.0
-    read_at: float = 0.0
+    age_at_read_s: float
+    read_at: float
 
 
 @dataclass(frozen=True, slots=True)
