@@ -87,6 +87,18 @@ def fill_ledger(rows: int) -> float:
             """,
             {"messages": max(rows // 40, 1000)},
         )
+        # As the relay leaves them (docs/outbox-relay.md): the waiting and parked ones in the
+        # slow lane, the published ones in the stream behind the position, one batch.
+        cursor.execute(
+            """
+            update outbox_messages set detoured_at = created_at where published_at is null;
+            update outbox_messages set published_at = null where detoured_at is null;
+            update outbox_relay_position p set txid = l.txid, seq = l.seq
+            from (select txid, seq from outbox_messages order by txid desc, seq desc limit 1) l;
+            insert into outbox_relay_batches (upto_txid, upto_seq, published_at, messages)
+            select txid, seq, now(), (select count(*) from outbox_messages) from outbox_relay_position;
+            """
+        )
     with connection.cursor() as cursor:
         cursor.execute("vacuum analyze document_expiry_reminders")
         cursor.execute("vacuum analyze outbox_messages")

@@ -8,7 +8,7 @@ messages from memory (the floor: no database at all), in one run.
 For each event count: the raw producer; the relay (`run_pass`) in 1 and in 2 processes at once
 on the same outbox (one leads, the others stand by: docs/outbox-relay.md), timed from the
 moment every process is ready until the last one is done; and the relay's database statements
-alone (read + mark, no Kafka), the database's share, which bounds the relay. "vs raw" compares
+alone (the stream's read and the position's move, no Kafka), the database's share. "vs raw" compares
 each line with the raw producer of the same event count, measured minutes apart.
 
 `--bootstrap` measures against a broker already running there (a Tansu process, for one)
@@ -39,7 +39,7 @@ DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pin_profile_relay_bench"
 
 RAW = "raw producer (from memory)"
 RELAY = "relay (outbox -> acknowledged)"
-DB_ONLY = "database only (read + mark)"
+DB_ONLY = "database only (read + position)"
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,8 @@ def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, b
 
 def measure_db_floor(messages: list[BenchMessage], batch_size: int,
                      using: str = "default") -> Measurement:
-    """The database's share alone: the relay's read and mark statements, no Kafka at all."""
+    """The database's share alone: the relay's stream read and position statements (one
+    transaction a batch), no Kafka at all."""
     from django.db import connections
 
     from outbox import store
@@ -242,11 +243,13 @@ def measure_db_floor(messages: list[BenchMessage], batch_size: int,
         cursor.execute("truncate outbox_messages")
     load_outbox(messages, "bench.db-floor", using)
     store.relax_commit_durability(using)  # as the relay's session does
-    after = store.START
+    after = store.read_position(using)
     started = time.perf_counter()
-    while read := store.read_batch(using, batch_size=batch_size, after=after):
-        store.mark_published(using, [m.id for m in read])
-        after = (read[-1].created_at, read[-1].id)
+    while read := store.read_stream(using, batch_size=batch_size, after=after):
+        end = read[-1].position or after
+        store.advance(using, start=after, end=end, published=len(read), detours=[],
+                      max_attempts=10)
+        after = end
     seconds = time.perf_counter() - started
     return Measurement(DB_ONLY, len(messages), batch_size, seconds)
 

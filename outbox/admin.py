@@ -8,15 +8,13 @@ overwrites it.
 
 import json
 import uuid
-from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin, messages
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
-from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.safestring import SafeString
@@ -31,7 +29,7 @@ from core.admin import (
     short_id,
 )
 from outbox import store as outbox_store
-from outbox.models import OutboxMessage
+from outbox.models import OutboxMessage, OutboxMessageQuerySet
 
 REQUEUE_PERMISSION = "outbox.requeue_outboxmessage"
 ERROR_PREVIEW_CHARS = 60
@@ -56,7 +54,7 @@ class DeliveryStateFilter(admin.SimpleListFilter):
     parked (waiting for an operator): the backlog's definitions (docs/design.md §2.4, the
     query `outbox_backlog`), so a choice lists as many rows as the overview counts.
 
-    Both unpublished states ride the partial index ix_outbox_messages_unpublished.
+    The states are OutboxMessage.objects' (outbox/models.py).
     """
 
     title = "delivery"
@@ -67,24 +65,22 @@ class DeliveryStateFilter(admin.SimpleListFilter):
                 ("parked", "Parked (waiting for an operator)")]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        queryset = cast(OutboxMessageQuerySet, queryset)
         match self.value():
             case "published":
-                return queryset.filter(published_at__isnull=False)
+                return queryset.published()
             case "unpublished":
-                return queryset.filter(published_at__isnull=True, parked_at__isnull=True)
+                return queryset.waiting()
             case "parked":
-                return queryset.filter(published_at__isnull=True, parked_at__isnull=False)
+                return queryset.parked()
             case _:
                 return queryset
 
 
 class CorrelationFilter(RunIdFilter):
     """The events one run wrote: `?correlation_id=<run id>` (their headers carry it), as the
-    run history links to them, with the run's window in `created_at__gte` / `__lte`.
-
-    With the window, a published event is also one published since the run started, so the
-    two partial indexes (unpublished by created_at, published by published_at) find the rows
-    instead of a scan of the whole outbox.
+    run history links to them, with the run's window in `created_at__gte` / `__lte` (which
+    ix_outbox_messages_created_at serves, instead of a scan of the whole outbox).
     """
 
     title = "run (correlation id)"
@@ -92,18 +88,7 @@ class CorrelationFilter(RunIdFilter):
 
     def rows_of_run(self, request: HttpRequest, queryset: QuerySet[Any],
                     run_id: uuid.UUID) -> QuerySet[Any]:
-        queryset = queryset.filter(headers__correlation_id=str(run_id))
-        since = _instant(request.GET.get("created_at__gte"))
-        if since is not None:
-            queryset = queryset.filter(Q(published_at__isnull=True) | Q(published_at__gte=since))
-        return queryset
-
-
-def _instant(value: str | None) -> datetime | None:
-    try:
-        return None if value is None else parse_datetime(value)
-    except ValueError:
-        return None
+        return queryset.filter(headers__correlation_id=str(run_id))
 
 
 def _pretty_json(value: Any) -> SafeString:
@@ -123,7 +108,10 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     fields = ("id", "event_type", "contract_version", "topic", "message_key", "aggregate_type",
               "aggregate_id", "created_at", "published_at", "parked_at", "attempts", "last_error",
               "payload_json", "headers_json")
-    readonly_fields = ("payload_json", "headers_json")
+    readonly_fields = ("published_at", "payload_json", "headers_json")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return cast(OutboxMessageQuerySet, super().get_queryset(request)).with_published_time()
 
     def has_requeue_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(REQUEUE_PERMISSION)
@@ -153,9 +141,10 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     def created(self, message: OutboxMessage) -> str:
         return compact_time(message.created_at)
 
-    @admin.display(description="published (UTC)", ordering="published_at", empty_value="")
+    @admin.display(description="published (UTC)", ordering="published_time", empty_value="")
     def published(self, message: OutboxMessage) -> str:
-        return compact_time(message.published_at)
+        """When it was published, in the stream (its batch's time) or by the slow lane."""
+        return compact_time(getattr(message, "published_time", message.published_at))
 
     @admin.display(description="last error", empty_value="")
     def error_preview(self, message: OutboxMessage) -> SafeString:
@@ -180,7 +169,7 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     @admin.action(permissions=["requeue"], description="Re-queue the selected parked messages")
     def requeue_parked(self, request: HttpRequest, queryset: QuerySet[OutboxMessage]) -> None:
         with transaction.atomic():
-            parked = list(queryset.filter(published_at__isnull=True, parked_at__isnull=False)
+            parked = list(cast(OutboxMessageQuerySet, queryset).parked()
                           .order_by("created_at").select_for_update())
             # The relay's own re-queue: it also clears the lease, so the row goes out at once.
             outbox_store.requeue_parked(queryset.db, [m.pk for m in parked])

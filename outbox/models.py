@@ -1,14 +1,59 @@
 """profile.outbox_messages (docs/design.md §2.4)."""
 
 import uuid
+from typing import Self
 
 from django.contrib.postgres.functions import RandomUUID
 from django.db import models
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
+
+# A row still ahead of the relay's stream position (docs/outbox-relay.md): columns and tables of
+# migration 0005_stream_position, which the model does not map, as the admin's filters need them.
+_AHEAD_OF_POSITION = (
+    "(outbox_messages.txid, outbox_messages.seq)"
+    " > ((select p.txid from outbox_relay_position p), (select p.seq from outbox_relay_position p))"
+)
+# When a row was published, either way (the function of migration 0005_stream_position).
+_PUBLISHED_AT = "outbox_published_at(outbox_messages)"
+
+
+class OutboxMessageQuerySet(models.QuerySet["OutboxMessage"]):
+    """The delivery states, with the one meaning of the relay's backlog (query
+    `outbox_backlog`): waiting (the stream ahead of the position, or a slow-lane row neither
+    published nor parked), parked, published."""
+
+    def with_published_time(self) -> Self:
+        """Annotate `published_time`: when the row was published (None: not yet)."""
+        published_time = RawSQL(_PUBLISHED_AT, [],  # noqa: S611 - a constant, no input
+                                output_field=models.DateTimeField())
+        return self.annotate(published_time=published_time)
+
+    def _ahead(self) -> Self:
+        ahead = RawSQL(_AHEAD_OF_POSITION, [],  # noqa: S611 - a constant, no input
+                       output_field=models.BooleanField())
+        return self.alias(ahead=ahead)
+
+    def waiting(self) -> Self:
+        return self._ahead().filter(
+            models.Q(detoured_at__isnull=True, ahead=True)
+            | models.Q(detoured_at__isnull=False, published_at__isnull=True,
+                       parked_at__isnull=True))
+
+    def parked(self) -> Self:
+        return self.filter(detoured_at__isnull=False, published_at__isnull=True,
+                           parked_at__isnull=False)
+
+    def published(self) -> Self:
+        return self._ahead().filter(
+            models.Q(detoured_at__isnull=True, ahead=False)
+            | models.Q(detoured_at__isnull=False, published_at__isnull=False))
 
 
 class OutboxMessage(models.Model):
     """An integration event waiting for (or done with) publication to Kafka."""
+
+    objects = OutboxMessageQuerySet.as_manager()
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, db_default=RandomUUID(), editable=False)
     aggregate_type = models.CharField(max_length=64)
@@ -20,7 +65,14 @@ class OutboxMessage(models.Model):
     payload = models.JSONField()
     headers = models.JSONField()
     created_at = models.DateTimeField(db_default=Now())
+    # Set only for a row delivered by the slow lane; a row delivered in the stream is published
+    # when its batch was (outbox_relay_batches): see OutboxMessage.objects' annotations.
     published_at = models.DateTimeField(null=True)
+    detoured_at = models.DateTimeField(
+        null=True,
+        help_text="Set when the message left the relay's stream for the slow lane "
+        "(a failed delivery, or its key held behind one)",
+    )
     attempts = models.IntegerField(default=0, db_default=0)
     last_error = models.TextField(null=True)
     parked_at = models.DateTimeField(
@@ -39,18 +91,18 @@ class OutboxMessage(models.Model):
         # The admin's only write on the outbox (outbox/admin.py): parked -> pending again.
         permissions = [("requeue_outboxmessage", "Can re-queue parked outbox messages")]
         indexes = [
+            # The admin's list (newest first) and a run's events (its time window).
+            models.Index(fields=["created_at"], name="ix_outbox_messages_created_at"),
+            # The slow lane (docs/outbox-relay.md): its waiting rows by key, for the head of each
+            # key and for "is this key held behind a detoured row?". The stream itself is read
+            # through ix_outbox_messages_stream on (txid, seq), columns the model does not map
+            # (migration 0005_stream_position).
             models.Index(
-                fields=["created_at"],
-                name="ix_outbox_messages_unpublished",
-                condition=models.Q(published_at__isnull=True),
+                fields=["message_key"],
+                name="ix_outbox_messages_slow_key",
+                condition=models.Q(detoured_at__isnull=False, published_at__isnull=True),
             ),
-            # The relay's per-key order check: "is there an older unpublished row of this key?"
-            models.Index(
-                fields=["message_key", "created_at", "id"],
-                name="ix_outbox_messages_unpublished_key",
-                condition=models.Q(published_at__isnull=True),
-            ),
-            # Retention deletes published rows by age without scanning the unpublished ones.
+            # Retention deletes slow-lane rows by the time they were published.
             models.Index(
                 fields=["published_at"],
                 name="ix_outbox_messages_published_at",

@@ -1,12 +1,20 @@
-"""The outbox relay (docs/outbox-relay.md): read rows, produce them to Kafka, mark them.
+"""The outbox relay (docs/outbox-relay.md): read the outbox as a stream, produce it to Kafka,
+record one position per batch.
 
 One relay at a time publishes: the one holding the relays' session advisory lock (the others
-stand by, and one of them takes over when the leader's database session ends). A batch is: one
-statement reads up to `batch_size` rows, each the oldest unpublished row of its key, after the
-last batch read; the rows are produced; the relay waits for their delivery reports; then
-delivered rows are marked published (one statement), rows the broker could not take stay
-unpublished without an attempt counted, and undeliverable rows get an attempt counted, a retry
-delay, and are parked after `max_attempts`. No transaction is open during any Kafka call.
+stand by, and one of them takes over when the leader's database session ends).
+
+The stream: one statement reads up to `batch_size` rows after the position, in the order their
+transactions wrote them, of transactions that can no longer commit behind it; a batch ends
+before a key it already has or one still in flight (one row per key in flight at a time). The
+rows are produced, the relay waits for their delivery reports, then one transaction moves the
+position past them and records the batch. A row the broker refused, and every later row of its
+key, leaves the stream for the slow lane (it is "detoured"). If the broker could not take a
+row, the position stops just before it and the rest is read again.
+
+The slow lane delivers detoured rows one by one, each the oldest waiting row of its key, and
+marks them published; an undeliverable row gets an attempt counted and a retry delay, and is
+parked after `max_attempts`. No transaction is open during any Kafka call.
 """
 
 import contextlib
@@ -19,7 +27,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
@@ -44,6 +52,8 @@ FLUSH_MARGIN_S = 5.0
 FLUSH_SLICE_S = 0.2
 # Batches in flight at once: the next read overlaps the previous batch's delivery wait.
 PIPELINE_DEPTH = 2
+# Stream batches per publish_available call, so that the slow lane gets its turn in a long run.
+STREAM_BATCHES_PER_CALL = 20
 
 Wait = Callable[[float], object]
 
@@ -104,13 +114,35 @@ class _Delivery:
 
 @dataclass(slots=True)
 class _Batch:
-    """Rows read and handed to the producer, their delivery reports as they come, and when to
-    stop waiting for them."""
+    """Rows read (`claimed`), those handed to the producer (`sent`: a held stream row is not),
+    their delivery reports as they come, and when to stop waiting for them. A stream batch
+    also has the position it was read after."""
 
     claimed: list[store.ClaimedMessage]
+    sent: int
     deliveries: dict[uuid.UUID, _Delivery]
     deadline: float
     producer: Producer  # the one that has it, even if a fatal error replaced it since
+    start: store.Position | None = None
+
+    @property
+    def keys(self) -> set[str]:
+        return {m.key for m in self.claimed}
+
+
+@dataclass(slots=True)
+class _Stream:
+    """A run of stream batches: the position recorded, where the next read starts (past the
+    batches in flight), and the batches in flight."""
+
+    position: store.Position
+    after: store.Position = ("0", 0)
+    in_flight: deque[_Batch] = field(default_factory=deque)
+    reading: bool = True
+    batches: int = 0
+
+    def __post_init__(self) -> None:
+        self.after = self.position
 
 
 class Relay:
@@ -258,7 +290,7 @@ class Relay:
         """Serve delivery reports until the batch has all of its own, up to the delivery timeout
         (or the shutdown grace once stop is set); later batches' reports are served too."""
         deadline = batch.deadline
-        while len(batch.deliveries) < len(batch.claimed):
+        while len(batch.deliveries) < batch.sent:
             now = time.monotonic()
             if self.stop.is_set():
                 if self._stop_seen_at is None:
@@ -306,68 +338,191 @@ class Relay:
 
     # --- batches ---------------------------------------------------------------------------
 
-    def _read_and_produce(self, after: tuple[datetime, uuid.UUID]) -> "_Batch | None":
-        """Read a batch after `after` and hand it to the producer; None if none, or if another
-        relay leads."""
-        self._check_refused()
-        if not self.lead():
-            return None
-        read = store.read_batch(self.using, batch_size=self.settings.batch_size, after=after)
-        if not read:
-            return None
+    def _produce_batch(self, read: list[store.ClaimedMessage],
+                       start: store.Position | None = None) -> "_Batch":
+        """Hand a batch's rows to the producer (a held stream row is not sent)."""
         producer = self.producer
         deadline = (time.monotonic() + self.settings.delivery_timeout.total_seconds()
                     + FLUSH_MARGIN_S)
-        batch = _Batch(read, {}, deadline, producer)
+        batch = _Batch(read, 0, {}, deadline, producer, start)
         for message in read:
-            self._produce(producer, message, batch.deliveries)
+            if not message.held:
+                self._produce(producer, message, batch.deliveries)
+                batch.sent += 1
         self._poll(producer, 0)
         log_event(logger, logging.DEBUG, "batch produced", relay_id=self.relay_id,
-                  produced=len(read))
+                  produced=batch.sent, lane="slow" if start is None else "stream")
         return batch
 
-    def _finish(self, batch: "_Batch") -> BatchOutcome:
-        self._await_batch(batch.producer, batch)
-        return self._record(batch.claimed, batch.deliveries)
+    def _read_stream(self, after: store.Position, busy: set[str]) -> list[store.ClaimedMessage]:
+        """The stream's rows after `after`, up to the first whose key is `busy` (in flight) or
+        already in the batch: one row per key in flight, so that order per key holds whatever
+        the broker does with each."""
+        read = store.read_stream(self.using, batch_size=self.settings.batch_size, after=after)
+        keys = set(busy)
+        for index, message in enumerate(read):
+            if message.key in keys:
+                return read[:index]
+            keys.add(message.key)
+        return read
 
     def publish_batch(self) -> BatchOutcome:
-        """One batch, start to end: read, produce, await the reports, record the outcome."""
+        """One batch, start to end: the slow lane's due rows if any, else the stream's next
+        rows: read, produce, await the reports, record the outcome."""
         if self.stop.is_set():
             return BatchOutcome()
-        batch = self._read_and_produce(store.START)
-        return BatchOutcome() if batch is None else self._finish(batch)
+        self._check_refused()
+        if not self.lead():
+            return BatchOutcome()
+        outcome = self._publish_slow()
+        if outcome.claimed:
+            return outcome
+        after = store.read_position(self.using)
+        read = self._read_stream(after, set())
+        if not read:
+            return outcome
+        return self._finish_stream(self._produce_batch(read, after), after)
+
+    def _publish_slow(self) -> BatchOutcome:
+        """One batch of the slow lane: its due rows, each the oldest waiting row of its key."""
+        read = store.read_slow(self.using, batch_size=self.settings.batch_size)
+        if not read:
+            return BatchOutcome()
+        batch = self._produce_batch(read)
+        self._await_batch(batch.producer, batch)
+        return self._record_slow(batch.claimed, batch.deliveries)
 
     def publish_available(self) -> BatchOutcome:
-        """Batches until a read comes back empty, the broker is unavailable, or stop; the next
-        batch is read (after the previous one) and produced while the previous one awaits its
-        delivery reports (safe for order: a key's next row is read only once its head is
-        marked; a row it passed over, or one committed late behind the position, is read by
-        the next call, which starts from the beginning)."""
+        """The slow lane's due rows, then stream batches until a read comes back empty, the
+        broker is unavailable, stop, or STREAM_BATCHES_PER_CALL batches; the next batch is
+        read (after the previous one) and produced while the previous one awaits its delivery
+        reports. A batch is recorded only once the batch before it moved the position to where
+        it starts; otherwise its rows are read again by the next call."""
         total = BatchOutcome()
-        in_flight: deque[_Batch] = deque()
-        after = store.START
-        reading = True
+        if self.stop.is_set():
+            return total
+        self._check_refused()
+        if not self.lead():
+            return total
+        total.merge(self._publish_slow())
+        if total.broker_unavailable or self.stop.is_set():
+            return total
+        stream = _Stream(store.read_position(self.using))
         while True:
-            while (reading and len(in_flight) < PIPELINE_DEPTH and not self.stop.is_set()
-                   and self._refused is None):
-                batch = self._read_and_produce(after)
-                if batch is None:
-                    reading = False
-                else:
-                    in_flight.append(batch)
-                    last = batch.claimed[-1]
-                    after = (last.created_at, last.id)
-            if not in_flight:
+            self._fill(stream)
+            if not stream.in_flight:
                 return total
-            outcome = self._finish(in_flight.popleft())
+            batch = stream.in_flight.popleft()
+            if batch.start != stream.position:  # the batch before it stopped short
+                self._drop_unrecorded(batch)
+                outcome = BatchOutcome(claimed=len(batch.claimed), released=len(batch.claimed))
+                self.stats.add(outcome)
+            else:
+                try:
+                    outcome = self._finish_stream(batch, stream.position)
+                except store.PositionMovedError as exc:
+                    self._stand_down(exc, stream.in_flight)
+                    return total
+                stream.position = self._position_after(batch, outcome) or stream.position
             total.merge(outcome)
             if outcome.broker_unavailable:
-                reading = False
-            if self._refused is not None and not in_flight:
+                stream.reading = False
+            if self._refused is not None and not stream.in_flight:
                 self._check_refused()  # every batch in flight accounted for first
 
-    def _record(self, claimed: list[store.ClaimedMessage],
-                deliveries: dict[uuid.UUID, _Delivery]) -> BatchOutcome:
+    def _fill(self, stream: "_Stream") -> None:
+        """Read and produce stream batches until PIPELINE_DEPTH are in flight (or nothing more
+        can be read now)."""
+        while (stream.reading and len(stream.in_flight) < PIPELINE_DEPTH
+               and not self.stop.is_set() and self._refused is None):
+            if stream.batches >= STREAM_BATCHES_PER_CALL:
+                stream.reading = False
+                return
+            busy = set().union(*(b.keys for b in stream.in_flight))
+            read = self._read_stream(stream.after, busy)
+            if not read:
+                # Nothing after `after`, or its first row's key is in flight: read on once a
+                # batch in flight is done (if none is, there is nothing to read).
+                stream.reading = bool(stream.in_flight)
+                return
+            stream.in_flight.append(self._produce_batch(read, stream.after))
+            stream.batches += 1
+            stream.after = read[-1].position or stream.after
+
+    def _stand_down(self, exc: store.PositionMovedError, in_flight: "deque[_Batch]") -> None:
+        """Another relay moved the stream: this one no longer leads (what it sent since is
+        delivered again by the leader, at least once)."""
+        log_event(logger, logging.ERROR, "stream position moved by another relay, standing by",
+                  relay_id=self.relay_id, error=str(exc))
+        for batch in in_flight:
+            self._drop_unrecorded(batch)
+        self.resign()
+
+    def _drop_unrecorded(self, batch: "_Batch") -> None:
+        """A batch read past a position that stopped short: wait for its reports all the same
+        (nothing of it is recorded; what was delivered is sent again, at least once)."""
+        self._await_batch(batch.producer, batch)
+
+    @staticmethod
+    def _position_after(batch: "_Batch", outcome: BatchOutcome) -> store.Position | None:
+        """Where the stream's position is after a recorded batch (None if it did not move)."""
+        recorded = len(batch.claimed) - outcome.released
+        if recorded <= 0:
+            return None
+        return batch.claimed[recorded - 1].position
+
+    def _finish_stream(self, batch: "_Batch", start: store.Position) -> BatchOutcome:
+        """Await a stream batch's reports, then move the position past every row accounted for:
+        delivered, refused (detoured with an attempt counted) or held (detoured); it stops
+        before the first row the broker could not take (or that the stop released)."""
+        self._await_batch(batch.producer, batch)
+        outcome = BatchOutcome()
+        detours: list[store.Detour] = []
+        first_unavailable: KafkaError | None = None
+        recorded = len(batch.claimed)
+        for index, message in enumerate(batch.claimed):
+            if message.held:
+                detours.append(store.Detour(message.id))
+                continue
+            report = batch.deliveries.get(message.id)
+            error = report.error if report else None
+            if report is not None and error is None:
+                outcome.published += 1
+                if report.acked_at is not None:  # its age when read, plus the time since
+                    metrics.observe_delivery_latency(
+                        message.age_at_read_s + report.acked_at - message.read_at)
+            elif error is None or kafka.broker_unavailable(error):
+                first_unavailable = error
+                recorded = index
+                break
+            else:
+                retry_in = self._retry_in(message)
+                detours.append(store.Detour(message.id, kafka.describe(error),
+                                            timedelta(seconds=retry_in)))
+                self._say_not_delivered(message, error, retry_in)
+        outcome.claimed = len(batch.claimed)  # the rows not recorded are read again later
+        outcome.released = len(batch.claimed) - recorded
+        outcome.failed = sum(1 for d in detours if d.error is not None)
+        if recorded:
+            end = batch.claimed[recorded - 1].position
+            assert end is not None  # noqa: S101 - a stream row has a position
+            outcome.parked = store.advance(self.using, start=start, end=end,
+                                           published=outcome.published, detours=detours,
+                                           max_attempts=self.settings.max_attempts)
+        return self._account(outcome, first_unavailable, lane="stream")
+
+    def _retry_in(self, message: store.ClaimedMessage) -> float:
+        return backoff_delay(message.attempts + 1, self.settings.backoff_initial,
+                             self.settings.backoff_max, self.rng)
+
+    def _say_not_delivered(self, message: store.ClaimedMessage, error: KafkaError,
+                           retry_in: float) -> None:
+        log_event(logger, logging.WARNING, "message not delivered", relay_id=self.relay_id,
+                  message_id=message.id, attempt=message.attempts + 1,
+                  error=kafka.describe(error), retry_in_s=round(retry_in, 3))
+
+    def _record_slow(self, claimed: list[store.ClaimedMessage],
+                     deliveries: dict[uuid.UUID, _Delivery]) -> BatchOutcome:
         outcome = BatchOutcome(claimed=len(claimed))
         delivered: list[uuid.UUID] = []
         unavailable: list[uuid.UUID] = []
@@ -385,30 +540,32 @@ class Relay:
                 unavailable.append(message.id)
                 first_unavailable = first_unavailable or error
             else:
-                retry_in = backoff_delay(message.attempts + 1, self.settings.backoff_initial,
-                                         self.settings.backoff_max, self.rng)
+                retry_in = self._retry_in(message)
                 failures.append(store.Failure(message.id, kafka.describe(error),
                                               timedelta(seconds=retry_in)))
-                log_event(logger, logging.WARNING, "message not delivered", relay_id=self.relay_id,
-                          message_id=message.id, attempt=message.attempts + 1,
-                          error=kafka.describe(error), retry_in_s=round(retry_in, 3))
+                self._say_not_delivered(message, error, retry_in)
         outcome.published = store.mark_published(self.using, delivered)
         outcome.released = len(unavailable)  # left unpublished: read again next time
         outcome.failed = len(failures)
         outcome.parked = store.record_failures(self.using, failures, self.settings.max_attempts)
+        return self._account(outcome, first_unavailable, lane="slow")
+
+    def _account(self, outcome: BatchOutcome, first_unavailable: KafkaError | None, *,
+                 lane: str) -> BatchOutcome:
+        """Say and count what a recorded batch did."""
         for message_id in outcome.parked:
             log_event(logger, logging.ERROR, "message parked", relay_id=self.relay_id,
                       message_id=message_id, attempts=self.settings.max_attempts)
-        if delivered:
+        if outcome.published:
             self._reached_kafka()
-        if unavailable and self._refused is None:
+        if outcome.released and self._refused is None:
             error_text = kafka.describe(first_unavailable) if first_unavailable else "no report"
             if self.stop.is_set():  # the shutdown grace ran out, not necessarily the broker
                 log_event(logger, logging.WARNING, "messages released at stop",
-                          relay_id=self.relay_id, released=len(unavailable), error=error_text)
+                          relay_id=self.relay_id, released=outcome.released, error=error_text)
             else:
-                self._outage.failed(error_text, released=len(unavailable))
-        log_event(logger, logging.DEBUG, "batch done", relay_id=self.relay_id,
+                self._outage.failed(error_text, released=outcome.released)
+        log_event(logger, logging.DEBUG, "batch done", relay_id=self.relay_id, lane=lane,
                   claimed=outcome.claimed, published=outcome.published,
                   released=outcome.released, failed=outcome.failed, parked=len(outcome.parked))
         self.stats.add(outcome)
@@ -427,6 +584,8 @@ class Relay:
             self.using, lambda size: store.prune_published(self.using, self.settings.retention, size),
             chunk=PRUNE_CHUNK, stop=self.stop,
         )
+        if not self.stop.is_set():
+            store.prune_batches(self.using, self.settings.retention)
         self.stats.pruned += total
         if total:
             log_event(logger, logging.INFO, "published messages pruned", relay_id=self.relay_id,

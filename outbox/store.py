@@ -1,17 +1,18 @@
 """The only module of the relay that talks to the database: each function runs one named query
-of `sql/queries.sql` in its own short transaction (autocommit), so that no transaction is ever
-open across a Kafka call."""
+of `sql/queries.sql` in its own short transaction (autocommit; `advance` runs three in one), so
+that no transaction is ever open across a Kafka call."""
 
-import json
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
+from django.db import transaction
 
 from core.db import one, raw_connection, server_cursor
 from core.queries import QueryFile
@@ -19,6 +20,8 @@ from core.queries import QueryFile
 QUERIES_FILE = Path(__file__).parent / "sql" / "queries.sql"
 QUERIES = QueryFile(QUERIES_FILE)
 
+# A place in the stream: the writer transaction's id (xid8, as text) and the row's seq.
+Position = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +41,10 @@ class ClaimedMessage:
     # monotonic clock: its age at any later moment without the relay's wall clock.
     age_at_read_s: float
     read_at: float
+    # In the stream: the row's place, and whether its key is held behind the slow lane (such a
+    # row is detoured, not sent). None for a slow-lane row.
+    position: Position | None = None
+    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +54,20 @@ class Failure:
     id: uuid.UUID
     error: str
     retry_in: timedelta
+
+
+@dataclass(frozen=True, slots=True)
+class Detour:
+    """A stream row that leaves the stream for the slow lane: a failed delivery (its error and
+    retry delay), or a row held behind its key's head (no error: no attempt counted)."""
+
+    id: uuid.UUID
+    error: str | None = None
+    retry_in: timedelta = timedelta(0)
+
+
+class PositionMovedError(RuntimeError):
+    """The stream's position was not where this relay read it: another relay moved it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,10 +103,6 @@ def relax_commit_durability(using: str) -> psycopg.Connection[Any]:
 # The relays' session advisory lock: the one relay holding it publishes, the others stand by.
 RELAY_LOCK = 7_203_100_001
 
-# Before every row: a read position's start.
-START = (datetime(1, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
-
-
 def try_to_lead(using: str) -> bool:
     """Take the relays' lock for this database session, without waiting; True if taken."""
     with server_cursor(using) as cur:
@@ -99,18 +116,42 @@ def resign(using: str) -> None:
         cur.execute(QUERIES["resign"], {"lock": RELAY_LOCK})
 
 
-def read_batch(using: str, *, batch_size: int,
-               after: tuple[datetime, uuid.UUID] = START) -> list[ClaimedMessage]:
-    """Up to `batch_size` deliverable rows after `after` in (created_at, id) order, per key only
-    its oldest; nothing is written (only the leading relay reads)."""
+def read_position(using: str) -> Position:
+    """Where the stream has been delivered up to."""
     with server_cursor(using) as cur:
-        cur.execute(QUERIES["read_batch"], {"batch_size": batch_size,
-                                            "after_created_at": after[0], "after_id": after[1]})
+        cur.execute(QUERIES["read_position"])
+        txid, seq = one(cur)
+    return str(txid), int(seq)
+
+
+def read_stream(using: str, *, batch_size: int, after: Position) -> list[ClaimedMessage]:
+    """Up to `batch_size` rows after `after` in stream order, of settled transactions only;
+    nothing is written (only the leading relay reads)."""
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["read_stream"], {"batch_size": batch_size,
+                                             "after_txid": after[0], "after_seq": after[1]})
+        rows = cur.fetchall()
+    read_at = time.monotonic()
+    loads = orjson.loads
+    return [
+        ClaimedMessage(
+            id=r[2], topic=r[3], key=r[4], payload=r[5], headers=loads(r[6]),
+            aggregate_type=r[7], aggregate_id=r[8], created_at=r[9], attempts=0,
+            age_at_read_s=r[10], read_at=read_at, position=(r[0], r[1]), held=r[11],
+        )
+        for r in rows
+    ]
+
+
+def read_slow(using: str, *, batch_size: int) -> list[ClaimedMessage]:
+    """Up to `batch_size` due slow-lane rows, per key only its oldest waiting one."""
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["read_slow"], {"batch_size": batch_size})
         rows = cur.fetchall()
     read_at = time.monotonic()
     return [
         ClaimedMessage(
-            id=r[0], topic=r[1], key=r[2], payload=r[3], headers=json.loads(r[4]),
+            id=r[0], topic=r[1], key=r[2], payload=r[3], headers=orjson.loads(r[4]),
             aggregate_type=r[5], aggregate_id=r[6], created_at=r[7], attempts=r[8],
             age_at_read_s=r[9], read_at=read_at,
         )
@@ -118,8 +159,33 @@ def read_batch(using: str, *, batch_size: int,
     ]
 
 
+def advance(using: str, *, start: Position, end: Position, published: int,
+            detours: Sequence[Detour], max_attempts: int) -> list[uuid.UUID]:
+    """In one transaction: move the position from `start` to `end`, record the batch, and move
+    its `detours` to the slow lane; the ids that got parked. Raises PositionMovedError (and changes
+    nothing) when the position was not at `start`."""
+    with transaction.atomic(using=using, durable=True), server_cursor(using) as cur:
+        cur.execute(QUERIES["advance_position"], {"from_txid": start[0], "from_seq": start[1],
+                                                  "upto_txid": end[0], "upto_seq": end[1]})
+        moved = cur.fetchone()
+        if moved is None:
+            raise PositionMovedError(f"the stream's position is not at {start} any more")
+        cur.execute(QUERIES["record_batch"], {"upto_txid": end[0], "upto_seq": end[1],
+                                              "published_at": moved[0], "messages": published})
+        if not detours:
+            return []
+        cur.execute(QUERIES["detour"], {
+            "ids": [d.id for d in detours],
+            "attempted": [d.error is not None for d in detours],
+            "errors": [None if d.error is None else d.error[:2000] for d in detours],
+            "retry_in": [d.retry_in for d in detours],
+            "max_attempts": max_attempts,
+        })
+        return [r[0] for r in cur.fetchall() if r[1]]
+
+
 def mark_published(using: str, ids: Sequence[uuid.UUID]) -> int:
-    """Record delivered rows; the number marked (a row another relay already marked is skipped)."""
+    """Record delivered slow-lane rows; the number marked (a row another relay already marked is skipped)."""
     if not ids:
         return 0
     with server_cursor(using) as cur:
@@ -128,7 +194,7 @@ def mark_published(using: str, ids: Sequence[uuid.UUID]) -> int:
 
 
 def record_failures(using: str, failures: Sequence[Failure], max_attempts: int) -> list[uuid.UUID]:
-    """Count a failed attempt per row and delay its retry; the ids that got parked."""
+    """Count a failed attempt per slow-lane row and delay its retry; the ids that got parked."""
     if not failures:
         return []
     with server_cursor(using) as cur:
@@ -145,9 +211,17 @@ def record_failures(using: str, failures: Sequence[Failure], max_attempts: int) 
 
 
 def prune_published(using: str, retention: timedelta, chunk: int) -> int:
-    """Delete up to `chunk` rows published longer than `retention` ago; the number deleted."""
+    """Delete a chunk of rows published longer than `retention` ago (up to `chunk` of the
+    stream's and up to `chunk` of the slow lane's); the number deleted."""
     with server_cursor(using) as cur:
         cur.execute(QUERIES["prune_published"], {"retention": retention, "chunk": chunk})
+        return int(one(cur)[0])
+
+
+def prune_batches(using: str, retention: timedelta) -> int:
+    """Forget the batches older than `retention` that no stream row is behind any more."""
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["prune_batches"], {"retention": retention})
         return cur.rowcount
 
 

@@ -32,10 +32,15 @@ grant insert on profile.outbox_messages to pin_reminder_worker;
 -- The outbox relay: reads, marks and prunes the outbox; nothing else.
 grant usage on schema profile to pin_outbox_relay;
 grant select, update, delete on profile.outbox_messages to pin_outbox_relay;
+-- The stream's position (moved once per batch) and the batches' history (kept for retention).
+grant select, update on profile.outbox_relay_position to pin_outbox_relay;
+grant select, insert, delete on profile.outbox_relay_batches to pin_outbox_relay;
 
 -- Observability: the worker's metrics server reports the outbox backlog (so it stays visible
 -- while the relay is down), reading only the bookkeeping timestamps, never payload or headers.
-grant select (created_at, published_at, parked_at) on profile.outbox_messages to pin_reminder_worker;
+grant select (txid, seq, created_at, detoured_at, published_at, parked_at)
+    on profile.outbox_messages to pin_reminder_worker;
+grant select on profile.outbox_relay_position to pin_reminder_worker;
 
 -- The admin web process (gunicorn): reads the ledger, the run history and the outbox; of
 -- person_documents only what the overview's backlog census filters on (never payload_cipher,
@@ -43,7 +48,8 @@ grant select (created_at, published_at, parked_at) on profile.outbox_messages to
 -- requeue_parked); and keeps Django's own users, groups, sessions and admin log.
 grant usage on schema profile to pin_admin_web;
 grant select on profile.document_expiry_reminders, profile.document_expiry_reminder_runs,
-    profile.outbox_messages to pin_admin_web;
+    profile.outbox_messages, profile.outbox_relay_position, profile.outbox_relay_batches
+    to pin_admin_web;
 grant update (parked_at, attempts, available_at, claimed_by) on profile.outbox_messages
     to pin_admin_web;
 revoke all on profile.person_documents from pin_admin_web;

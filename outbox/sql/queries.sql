@@ -1,25 +1,70 @@
 -- Every SQL statement of the outbox relay, by name. Loaded by outbox.store.
 -- Blocks start with `-- name: description`. Parameters are psycopg's %(name)s.
--- Times come from the database's now(); a row is deliverable when it is unpublished, not parked,
--- and its available_at (a retry delay) is null or past.
+-- Times come from the database's now(). A row is in the stream until it is detoured: published
+-- once the position (outbox_relay_position) is at or past its (txid, seq), at the time of the
+-- batch that passed it (outbox_relay_batches). A detoured row is in the slow lane: deliverable
+-- when unpublished, not parked, and its available_at (a retry delay) is null or past; published
+-- when its published_at is set.
 
--- read_batch: up to batch_size deliverable rows after a (created_at, id) position, in that order, each the oldest unpublished row of its key; read by the one leading relay, so nothing is leased
+-- read_position: where the stream has been delivered up to (one row, migration 0005_stream_position)
+select txid::text, seq from outbox_relay_position;
+
+-- read_stream: up to batch_size rows after a position, in stream order (txid, seq), only of transactions older than every one still running (so that no row can later commit behind the position); held = its key has a waiting or parked row in the slow lane, which it must not overtake
+select m.txid::text, m.seq, m.id, m.topic, m.message_key, m.payload::text, m.headers::text,
+       m.aggregate_type, m.aggregate_id, m.created_at,
+       -- the row's age now, on the database's clock (which stamped created_at)
+       extract(epoch from clock_timestamp() - m.created_at)::float8,
+       exists (select 1 from outbox_messages s
+               where s.message_key = m.message_key
+                 and s.detoured_at is not null
+                 and s.published_at is null) as held
+from outbox_messages m
+where (m.txid, m.seq) > (%(after_txid)s::xid8, %(after_seq)s::bigint)
+  and m.txid < (select pg_snapshot_xmin(pg_current_snapshot()))
+  and m.detoured_at is null
+order by m.txid, m.seq
+limit %(batch_size)s;
+
+-- advance_position: move the position from where this relay read it to the end of a delivered batch; no row when it was not there any more (another relay moved it)
+update outbox_relay_position
+set txid = %(upto_txid)s::xid8, seq = %(upto_seq)s::bigint, moved_at = now()
+where (txid, seq) = (%(from_txid)s::xid8, %(from_seq)s::bigint)
+returning moved_at;
+
+-- record_batch: the batch's end and time, so that a stream row's publication time and retention are known
+insert into outbox_relay_batches (upto_txid, upto_seq, published_at, messages)
+values (%(upto_txid)s::xid8, %(upto_seq)s::bigint, %(published_at)s, %(messages)s);
+
+-- detour: rows of a batch that leave the stream for the slow lane: a failed delivery counts an attempt and waits its retry delay (parked once it has used its attempts), a held row (attempted false) waits behind its key's head
+update outbox_messages m
+set detoured_at = now(),
+    attempts = m.attempts + d.attempted::int,
+    last_error = coalesce(d.error, m.last_error),
+    available_at = case when d.attempted and m.attempts + 1 < %(max_attempts)s
+                        then now() + d.retry_in end,
+    parked_at = case when d.attempted and m.attempts + 1 >= %(max_attempts)s then now() end
+from unnest(%(ids)s::uuid[], %(attempted)s::bool[], %(errors)s::text[],
+            %(retry_in)s::interval[]) as d(id, attempted, error, retry_in)
+where m.id = d.id
+  and m.detoured_at is null
+returning m.id, m.parked_at is not null as parked;
+
+-- read_slow: up to batch_size due rows of the slow lane, each the oldest waiting row of its key (a delayed or parked head holds its key)
 select o.id, o.topic, o.message_key, o.payload::text, o.headers::text, o.aggregate_type,
        o.aggregate_id, o.created_at, o.attempts,
-       -- the row's age now, on the database's clock (which stamped created_at)
        extract(epoch from clock_timestamp() - o.created_at)::float8
 from outbox_messages o
-where o.published_at is null
+where o.detoured_at is not null
+  and o.published_at is null
   and o.parked_at is null
   and (o.available_at is null or o.available_at <= now())
-  and (o.created_at, o.id) > (%(after_created_at)s::timestamptz, %(after_id)s::uuid)
-  -- Order per key: only the head of each key; a delayed, parked or in-flight head holds its key.
   and not exists (
       select 1 from outbox_messages older
       where older.message_key = o.message_key
+        and older.detoured_at is not null
         and older.published_at is null
-        and (older.created_at, older.id) < (o.created_at, o.id))
-order by o.created_at, o.id
+        and (older.txid, older.seq) < (o.txid, o.seq))
+order by o.txid, o.seq
 limit %(batch_size)s;
 
 -- try_to_lead: take the relays' session advisory lock without waiting: true for the one relay that publishes, false for a standby
@@ -28,7 +73,7 @@ select pg_try_advisory_lock(%(lock)s::bigint);
 -- resign: release the relays' session advisory lock, so that a standby leads at once
 select pg_advisory_unlock(%(lock)s::bigint);
 
--- mark_published: record rows whose delivery report succeeded
+-- mark_published: record slow-lane rows whose delivery report succeeded
 update outbox_messages
 set published_at = now(),
     attempts = attempts + 1,
@@ -50,21 +95,49 @@ where m.id = f.id
   and m.published_at is null
 returning m.id, m.parked_at is not null as parked;
 
--- prune_published: delete one bounded chunk of rows published before the retention cutoff (unpublished rows never expire)
-delete from outbox_messages
-where id in (
-    select id from outbox_messages
-    where published_at < now() - %(retention)s::interval
-    order by published_at
-    limit %(chunk)s
-);
+-- prune_published: delete one bounded chunk of rows published before the retention cutoff: stream rows behind the newest batch older than it, and slow-lane rows by their published_at (unpublished rows never expire)
+with cutoff as (
+    select b.upto_txid, b.upto_seq from outbox_relay_batches b
+    where b.published_at < now() - %(retention)s::interval
+    order by b.upto_txid desc, b.upto_seq desc
+    limit 1
+),
+stream as (
+    delete from outbox_messages
+    where (txid, seq) in (
+        select m.txid, m.seq from outbox_messages m
+        where (m.txid, m.seq) <= ((select upto_txid from cutoff), (select upto_seq from cutoff))
+          and m.detoured_at is null
+        order by m.txid, m.seq
+        limit %(chunk)s)
+    returning 1
+),
+slow as (
+    delete from outbox_messages
+    where id in (
+        select id from outbox_messages
+        where published_at < now() - %(retention)s::interval
+        order by published_at
+        limit %(chunk)s)
+    returning 1
+)
+select (select count(*) from stream) + (select count(*) from slow);
 
--- list_parked: parked rows, oldest first, with what blocks behind them
+-- prune_batches: forget the batches older than the retention that no stream row is behind any more (after prune_published's chunks)
+delete from outbox_relay_batches b
+where b.published_at < now() - %(retention)s::interval
+  and not exists (
+      select 1 from outbox_messages m
+      where (m.txid, m.seq) <= (b.upto_txid, b.upto_seq)
+        and m.detoured_at is null);
+
+-- list_parked: parked rows, oldest first, with the rows of their key held behind them in the slow lane (rows of the key the stream has not reached yet join them when it does)
 select p.id, p.message_key, p.event_type, p.attempts, p.parked_at, p.last_error,
        (select count(*) from outbox_messages b
         where b.message_key = p.message_key
+          and b.detoured_at is not null
           and b.published_at is null
-          and (b.created_at, b.id) > (p.created_at, p.id)) as blocked_behind
+          and (b.txid, b.seq) > (p.txid, p.seq)) as blocked_behind
 from outbox_messages p
 where p.parked_at is not null
   and p.published_at is null
@@ -82,15 +155,37 @@ where parked_at is not null
   and (%(all)s or id = any(%(ids)s::uuid[]))
 returning id;
 
--- outbox_backlog: the backlog, one meaning for the gauges, the admin overview and the commands: unpublished = waiting for the relay (not published, not parked); parked rows are not waiting, they are counted apart; the oldest is the oldest waiting row (null when none)
--- It reads only created_at, published_at and parked_at (all the worker's role may read, so
--- its metrics server can serve it) through the partial index ix_outbox_messages_unpublished.
-select count(*) filter (where parked_at is null) as unpublished,
-       count(*) filter (where parked_at is not null) as parked,
-       min(created_at) filter (where parked_at is null) as oldest_created_at,
-       extract(epoch from now() - min(created_at) filter (where parked_at is null)) as oldest_age_s
-from outbox_messages
-where published_at is null;
+-- outbox_backlog: the backlog, one meaning for the gauges, the admin overview and the commands: unpublished = waiting for the relay (the stream ahead of the position, and the slow lane's rows not parked); parked rows are not waiting, they are counted apart; the oldest is the head of the stream or the oldest waiting slow-lane row, whichever is older (null when none)
+-- It reads only txid, seq, created_at, detoured_at, published_at and parked_at, and the
+-- position (all the worker's role may read, so its metrics server can serve it), through the
+-- indexes ix_outbox_messages_stream and ix_outbox_messages_slow_key.
+with ahead as (
+    select 1 from outbox_messages m
+    where (m.txid, m.seq) > ((select p.txid from outbox_relay_position p),
+                             (select p.seq from outbox_relay_position p))
+      and m.detoured_at is null
+),
+slow as (
+    select created_at, parked_at from outbox_messages
+    where detoured_at is not null
+      and published_at is null
+),
+oldest as (
+    select least(
+        (select m.created_at from outbox_messages m
+         where (m.txid, m.seq) > ((select p.txid from outbox_relay_position p),
+                                  (select p.seq from outbox_relay_position p))
+           and m.detoured_at is null
+         order by m.txid, m.seq
+         limit 1),
+        (select min(created_at) from slow where parked_at is null)) as created_at
+)
+select (select count(*) from ahead) + (select count(*) from slow where parked_at is null)
+           as unpublished,
+       (select count(*) from slow where parked_at is not null) as parked,
+       o.created_at as oldest_created_at,
+       extract(epoch from now() - o.created_at) as oldest_age_s
+from oldest o;
 
 -- relax_commit_durability: this session's commits do not wait for the WAL flush (a crash may undo the last marks: those rows are sent again, which at-least-once allows)
 set synchronous_commit = off;

@@ -63,11 +63,12 @@ def relay_id(log: Path) -> str:
 
 
 def unpublished() -> int:
-    return int(scalar("select count(*) from outbox_messages where published_at is null"))
+    return int(scalar("select count(*) from outbox_messages m where outbox_published_at(m) is null"))
 
 
 def published() -> int:
-    return int(scalar("select count(*) from outbox_messages where published_at is not null"))
+    return int(scalar("select count(*) from outbox_messages m"
+                      " where outbox_published_at(m) is not null"))
 
 
 def relays_waiting_on_their_mark() -> int:
@@ -145,7 +146,7 @@ def test_workers_and_relays_racing_through_a_broker_outage_and_a_sigterm_lose_no
     records = read_topic(kafka.bootstrap_servers, timeout=60)
     copies = Counter(r.message_id for r in records)
     expected_order: dict[str, list[str]] = {}
-    for message_id, (key, _payload) in rows.items():  # rows are in (created_at, id) order
+    for message_id, (key, _payload) in rows.items():  # rows are in stream order
         expected_order.setdefault(key, []).append(message_id)
     seen_order = first_seen_order(records)
     chaos_report.record(
@@ -168,11 +169,11 @@ def test_workers_and_relays_racing_through_a_broker_outage_and_a_sigterm_lose_no
 
 
 def outbox_rows() -> dict[str, tuple[str, object]]:
-    """message id -> (key, payload), in the order the worker wrote them."""
+    """message id -> (key, payload), in the order the workers wrote them (the stream's)."""
     with connection.cursor() as cursor:
         cursor.execute("reset role")
         cursor.execute("select id, message_key, payload from outbox_messages"
-                       " order by created_at, id")
+                       " order by txid, seq")
         return {str(i): (k, json.loads(p) if isinstance(p, str) else p)
                 for i, k, p in cursor.fetchall()}
 

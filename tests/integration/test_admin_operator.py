@@ -178,5 +178,4 @@ def test_run_filters_use_indexes(admin_user: User, big_outbox: None) -> None:
     for plan in (markers_plan, events_plan):
         assert "Seq Scan" not in plan, plan
     assert "ix_document_expiry_reminders_reminded_at" in markers_plan
-    assert "ix_outbox_messages_unpublished" in events_plan
-    assert "ix_outbox_messages_published_at" in events_plan
+    assert "ix_outbox_messages_created_at" in events_plan

@@ -72,8 +72,9 @@ def test_events_reach_the_topic_with_key_payload_and_headers_intact(
         assert record.timestamp_ms == int(created_at.timestamp() * 1000)
     [two_documents] = [r.json() for r in records if r.key == str(shared.owner_user_id)]
     assert len(two_documents["documents"]) == 2
-    assert all(r["published_at"] is not None and r["attempts"] == 1 and r["claimed_by"] is None
-               for r in outbox_state())
+    # Published in the stream: by the position, with no row written after the insert.
+    assert all(r["published_at"] is not None and r["attempts"] == 0 and r["claimed_by"] is None
+               and r["detoured_at"] is None for r in outbox_state())
 
 
 def relay_lock_holders() -> list[int]:
@@ -118,22 +119,63 @@ def test_one_relay_leads_and_a_standby_takes_over_when_its_session_dies_order_pe
     assert first_seen_order(records) == {k: [str(i) for i in ids] for k, ids in written.items()}
 
 
-def test_a_read_takes_only_the_oldest_row_of_each_key_after_the_position(
+def test_a_stream_batch_ends_before_a_key_it_already_has_or_one_in_flight(
     transactional_db: None,
 ) -> None:
     written = interleaved_rows(keys=3, per_key=2)
-    heads = sorted(ids[0] for ids in written.values())
+    firsts = [ids[0] for ids in written.values()]
     with as_relay():
-        first = store.read_batch("default", batch_size=10)
-        after_first = store.read_batch("default", batch_size=10,
-                                       after=(first[0].created_at, first[0].id))
-        store.mark_published("default", [m.id for m in first])
-        second = store.read_batch("default", batch_size=10)
+        relay = Relay(relay_settings("127.0.0.1:9"))
+        start = store.read_position("default")
+        first = relay._read_stream(start, busy=set())
+        assert first[-1].position is not None
+        # The next read, while the first batch is in flight: its keys come back first.
+        blocked = relay._read_stream(first[-1].position, busy={m.key for m in first})
+        alone = relay._read_stream(first[-1].position, busy=set())
 
-    assert [m.id for m in first] == [m.id for m in sorted(first, key=lambda m: m.created_at)]
-    assert sorted(m.id for m in first) == heads  # each key's next row waits behind its head
-    assert [m.id for m in after_first] == [m.id for m in first[1:]]
-    assert sorted(m.id for m in second) == sorted(ids[1] for ids in written.values())
+    assert sorted(m.id for m in first) == sorted(firsts)  # one row per key: cut at a repeat
+    assert [m.position for m in first] == sorted(m.position for m in first)  # write order
+    assert blocked == []
+    assert sorted(m.id for m in alone) == sorted(ids[1] for ids in written.values())
+
+
+def test_an_open_transaction_holds_the_stream_back_and_no_row_is_skipped(
+    transactional_db: None, kafka: MockKafkaCluster
+) -> None:
+    """A transaction that started first commits last: rows committed after it wait (their
+    transactions are younger than one still running), and once it commits, its row comes
+    first; nothing is read past an unsettled transaction, so nothing can commit behind the
+    position."""
+    # A transaction of its own (not autocommit), on the schema the tables live in.
+    late = psycopg.connect(test_database_url(), options="-c search_path=profile")
+    try:
+        late_id = uuid.uuid4()
+        late.execute(
+            "insert into outbox_messages (id, aggregate_type, aggregate_id, event_type,"
+            " contract_version, topic, message_key, payload, headers, created_at)"
+            " values (%s, %s, 'late-key', %s, %s, %s, 'late-key', %s, %s, %s)",
+            [late_id, events.AGGREGATE_TYPE, events.EVENT_TYPE, events.CONTRACT_VERSION,
+             events.TOPIC, json.dumps(event_payload("late-key", 0)),
+             json.dumps({"message_id": str(late_id), "event_type": events.EVENT_TYPE,
+                         "contract_version": str(events.CONTRACT_VERSION)}),
+             BASE_TIME - timedelta(days=1)])
+        interleaved_rows(keys=5, per_key=2)
+        with as_relay():
+            held_back = store.read_stream("default", batch_size=100,
+                                          after=store.read_position("default"))
+            stats = Relay(relay_settings(kafka.bootstrap_servers, batch_size=2)).run_pass()
+        assert held_back == [] and stats.published == 0
+        assert unpublished_count() == 10
+        late.commit()
+    finally:
+        late.close()
+    with as_relay():
+        first = store.read_stream("default", batch_size=1, after=store.read_position("default"))
+        stats = Relay(relay_settings(kafka.bootstrap_servers, batch_size=2)).run_pass()
+
+    assert [m.id for m in first] == [late_id]
+    assert stats.published == 11 and unpublished_count() == 0
+    assert str(late_id) in {r.message_id for r in read_topic(kafka.bootstrap_servers)}
 
 
 def test_only_one_relay_leads_at_a_time_and_resigning_hands_over(transactional_db: None) -> None:
@@ -167,38 +209,6 @@ def test_a_pass_while_another_relay_leads_stands_by_and_sends_nothing(
     assert read_topic(kafka.bootstrap_servers) == []
 
 
-def test_a_row_committed_late_behind_published_ones_is_not_skipped(
-    transactional_db: None, kafka: MockKafkaCluster
-) -> None:
-    """A transaction that started first commits last: its row sorts before rows already
-    published when it becomes visible; the relay still publishes it."""
-    # A transaction of its own (not autocommit), on the schema the tables live in.
-    late = psycopg.connect(test_database_url(), options="-c search_path=profile")
-    thread = RelayThread(relay_settings(kafka.bootstrap_servers, batch_size=2))
-    try:
-        late_id = uuid.uuid4()
-        late.execute(
-            "insert into outbox_messages (id, aggregate_type, aggregate_id, event_type,"
-            " contract_version, topic, message_key, payload, headers, created_at)"
-            " values (%s, %s, 'late-key', %s, %s, %s, 'late-key', %s, %s, %s)",
-            [late_id, events.AGGREGATE_TYPE, events.EVENT_TYPE, events.CONTRACT_VERSION,
-             events.TOPIC, json.dumps(event_payload("late-key", 0)),
-             json.dumps({"message_id": str(late_id), "event_type": events.EVENT_TYPE,
-                         "contract_version": str(events.CONTRACT_VERSION)}),
-             BASE_TIME - timedelta(days=1)])
-        thread.start()
-        interleaved_rows(keys=5, per_key=2)
-        wait_for(lambda: unpublished_count() == 0, timeout=60, what="the visible rows published")
-        late.commit()
-        wait_for(lambda: unpublished_count() == 0 and len(outbox_state()) == 11, timeout=60,
-                 what="the late row published")
-    finally:
-        late.close()
-        thread.stop_and_join()
-    assert late_id in {r["id"] for r in outbox_state() if r["published_at"] is not None}
-    assert str(late_id) in {r.message_id for r in read_topic(kafka.bootstrap_servers)}
-
-
 def test_an_insert_wakes_a_listening_relay(transactional_db: None) -> None:
     wakeup = Wakeup()
     stop = threading.Event()
@@ -225,6 +235,30 @@ def test_retention_deletes_only_old_published_rows(transactional_db: None) -> No
     assert pruned == 1
     assert {r["id"] for r in outbox_state()} == {recent.id, unpublished.id, parked.id}
     assert old.id not in {r["id"] for r in outbox_state()}
+
+
+def test_retention_deletes_stream_rows_of_batches_older_than_it_and_then_the_batches(
+    transactional_db: None, kafka: MockKafkaCluster
+) -> None:
+    for n in range(4):
+        insert_outbox(f"old-{n}", created_at=BASE_TIME)
+    with as_relay():
+        settings = relay_settings(kafka.bootstrap_servers, batch_size=2)
+        assert Relay(settings).run_pass().published == 4
+    with connection.cursor() as cursor:  # those two batches were published 8 days ago
+        cursor.execute("update outbox_relay_batches set published_at = now() - interval '8 days'")
+    recent = [insert_outbox(f"new-{n}", created_at=BASE_TIME) for n in range(3)]
+    with as_relay():
+        relay = Relay(settings)
+        assert relay.run_pass().published == 3
+        assert relay.stats.pruned == 4
+
+    assert {r["id"] for r in outbox_state()} == {r.id for r in recent}
+    assert all(r["published_at"] is not None for r in outbox_state())
+    with connection.cursor() as cursor:
+        cursor.execute("select count(*), min(published_at) > now() - interval '1 day'"
+                       " from outbox_relay_batches")
+        assert cursor.fetchone() == (2, True)  # the old batches are forgotten
 
 
 @pytest.mark.parametrize("chunk", [2])

@@ -89,7 +89,9 @@ def outbox_message(*, parked: bool = False, published: bool = False, attempts: i
                    last_error: str | None = None, correlation_id: uuid.UUID | None = None,
                    created_at: datetime | None = None,
                    published_at: datetime | None = None) -> OutboxMessage:
-    """An outbox row; a published or parked one is so since now, or since `published_at`."""
+    """An outbox row; a published or parked one is so since now, or since `published_at`, as a
+    slow-lane row (detoured: the relay sets published_at for those; any other row is in the
+    stream, ahead of the relay's position)."""
     owner = str(uuid.uuid4())
     now = datetime.now(UTC)
     created = {} if created_at is None else {"created_at": created_at}
@@ -100,5 +102,6 @@ def outbox_message(*, parked: bool = False, published: bool = False, attempts: i
         headers={"event_type": "DocumentExpiryReminderKafkaEvent",
                  **({"correlation_id": str(correlation_id)} if correlation_id else {})},
         published_at=(published_at or now) if published else None, parked_at=now if parked else None,
-        attempts=attempts, last_error=last_error, **created,
+        detoured_at=(published_at or now) if published or parked else None, attempts=attempts,
+        last_error=last_error, **created,
     )

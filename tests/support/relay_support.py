@@ -91,7 +91,9 @@ def insert_outbox(
     parked_at: datetime | None = None,
     topic: str = TOPIC,
 ) -> Row:
-    """One outbox row, written as the table owner (as the worker would, plus relay state)."""
+    """One outbox row, written as the table owner (as the worker would, plus relay state). A
+    published or parked one is a slow-lane row (detoured), as the relay leaves such a row;
+    any other is in the stream, ahead of the relay's position."""
     row_id = uuid.uuid4()
     body = payload if payload is not None else event_payload(key, seq)
     headers = {"message_id": str(row_id), "correlation_id": str(uuid.uuid4()),
@@ -100,10 +102,12 @@ def insert_outbox(
         cursor.execute(
             "insert into outbox_messages (id, aggregate_type, aggregate_id, event_type,"
             " contract_version, topic, message_key, payload, headers, created_at, published_at,"
-            " parked_at, attempts) values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0)",
+            " parked_at, detoured_at, attempts)"
+            " values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, 0)",
             [row_id, events.AGGREGATE_TYPE, key, events.EVENT_TYPE, events.CONTRACT_VERSION,
              topic, key, body if isinstance(body, str) else json.dumps(body),
-             json.dumps(headers), created_at, published_at, parked_at],
+             json.dumps(headers), created_at, published_at, parked_at,
+             published_at or parked_at],
         )
     return Row(row_id, key, created_at)
 
@@ -125,8 +129,9 @@ def interleaved_rows(keys: int, per_key: int) -> dict[str, list[uuid.UUID]]:
 
 @contextmanager
 def marking_held() -> Iterator[psycopg.Connection[Any]]:
-    """While inside, a relay that marks a row published blocks (on an advisory lock this
-    connection holds), after Kafka acknowledged the row: the window between produce and mark."""
+    """While inside, a relay that records delivered rows blocks (on an advisory lock this
+    connection holds), after Kafka acknowledged them: the window between produce and record
+    (the stream's position, or a slow-lane row's published_at)."""
     with connection.cursor() as cursor:
         cursor.execute("reset role")
         cursor.execute(f"""
@@ -137,7 +142,9 @@ def marking_held() -> Iterator[psycopg.Connection[Any]]:
             end $$;
             create trigger hold_outbox_mark before update on outbox_messages for each row
                 when (old.published_at is null and new.published_at is not null)
-                execute function hold_outbox_mark();""")
+                execute function hold_outbox_mark();
+            create trigger hold_outbox_position before update on outbox_relay_position
+                for each row execute function hold_outbox_mark();""")
     holder = psycopg.connect(test_database_url(), autocommit=True)
     holder.execute("select pg_advisory_lock(%s)", [HOLD_LOCK])
     try:
@@ -146,21 +153,24 @@ def marking_held() -> Iterator[psycopg.Connection[Any]]:
         holder.close()  # releases the lock
         with connection.cursor() as cursor:
             cursor.execute("drop trigger if exists hold_outbox_mark on outbox_messages;"
+                           " drop trigger if exists hold_outbox_position on outbox_relay_position;"
                            " drop function if exists hold_outbox_mark()")
 
 
 def outbox_state() -> list[dict[str, Any]]:
     with connection.cursor() as cursor:
         cursor.execute(
-            "select id, message_key, published_at, parked_at, attempts, last_error, available_at,"
-            " claimed_by from outbox_messages order by created_at, id")
+            "select id, message_key, outbox_published_at(m) as published_at, parked_at, attempts,"
+            " last_error, available_at, claimed_by, detoured_at"
+            " from outbox_messages m order by created_at, id")
         names = [c.name for c in cursor.description]
         return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
 
 
 def unpublished_count() -> int:
     with connection.cursor() as cursor:
-        cursor.execute("select count(*) from outbox_messages where published_at is null")
+        cursor.execute("select count(*) from outbox_messages m"
+                       " where outbox_published_at(m) is null")
         return int(cursor.fetchone()[0])
 
 
