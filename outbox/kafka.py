@@ -300,20 +300,8 @@ def new_producer(settings: RelaySettings, client_id: str, on_error: Any = None,
     return Producer(config)
 
 
-def record_headers(message: ClaimedMessage) -> list[tuple[str, bytes]]:
-    """The row's `headers` (message id, event type, contract version, correlation id,
-    traceparent when present) plus the aggregate's type and id, as UTF-8 header values."""
-    headers = dict(message.headers)
-    headers.setdefault("aggregate_type", message.aggregate_type)
-    headers.setdefault("aggregate_id", message.aggregate_id)
-    headers.setdefault("message_id", str(message.id))
-    return [
-        (name, (value if isinstance(value, str) else json.dumps(value)).encode())
-        for name, value in headers.items()
-        if value is not None
-    ]
-
-
-def record_timestamp_ms(message: ClaimedMessage) -> int:
-    """The Kafka timestamp: the row's created_at, in milliseconds since the epoch."""
-    return int(message.created_at.timestamp() * 1000)
+def record_headers(message: ClaimedMessage) -> dict[str, str]:
+    """The row's headers as the producer takes them: every value text (UTF-8 on the wire); a
+    value stored as another JSON type is sent as its JSON text."""
+    return {name: value if isinstance(value, str) else json.dumps(value)
+            for name, value in message.headers.items()}

@@ -10,6 +10,9 @@ which never relays, does not export them stuck at 0.
 """
 
 import threading
+from bisect import bisect_left
+from collections import Counter as Tally
+from collections.abc import Iterable
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
@@ -106,6 +109,30 @@ def set_connected(connected: bool) -> None:
 def observe_delivery_latency(seconds: float) -> None:
     """One delivered row: from its created_at to the acknowledgement (0 if the clocks disagree)."""
     DELIVERY_LATENCY.observe(max(0.0, seconds))
+
+
+def observe_delivery_latencies(seconds: Iterable[float]) -> None:
+    """A batch's delivered rows at once (as many observations as `observe_delivery_latency`
+    one by one): each bucket and the sum are added to once per batch, not once per row."""
+    observe_many(DELIVERY_LATENCY, (max(0.0, s) for s in seconds))
+
+
+def observe_many(histogram: Histogram, amounts: Iterable[float]) -> None:
+    """`histogram.observe(a)` for each amount, bucket by bucket. prometheus_client has no
+    bulk observe; this uses its Histogram's own bucket values (the version is pinned, and
+    tests/unit/test_outbox_metrics.py compares both ways)."""
+    histogram._raise_if_not_observable()  # type: ignore[no-untyped-call]
+    bounds = histogram._upper_bounds
+    counts: Tally[int] = Tally()
+    total = 0.0
+    for amount in amounts:
+        counts[bisect_left(bounds, amount)] += 1
+        total += amount
+    if not counts:
+        return
+    histogram._sum.inc(total)
+    for index, count in counts.items():
+        histogram._buckets[index].inc(count)
 
 
 def observe_statistics(stats: ProducerStatistics) -> None:

@@ -18,7 +18,7 @@ parked after `max_attempts`. No transaction is open during any Kafka call.
 """
 
 import contextlib
-import functools
+import dataclasses
 import logging
 import random
 import threading
@@ -40,6 +40,7 @@ from core.logs import log_event
 from outbox import kafka, metrics, store
 from outbox.config import RelaySettings
 from outbox.outage import OutageLog
+from outbox.reader import StreamReader
 from outbox.statistics import parse_statistics
 from outbox.wakeup import Wakeup
 
@@ -120,7 +121,7 @@ class _Batch:
 
     claimed: list[store.ClaimedMessage]
     sent: int
-    deliveries: dict[uuid.UUID, _Delivery]
+    deliveries: dict[bytes, _Delivery]  # by message key: a batch has one row per key
     deadline: float
     producer: Producer  # the one that has it, even if a fatal error replaced it since
     start: store.Position | None = None
@@ -140,6 +141,8 @@ class _Stream:
     in_flight: deque[_Batch] = field(default_factory=deque)
     reading: bool = True
     batches: int = 0
+    # Keys this run detoured: held from then on, whatever a read started before said.
+    detoured: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self.after = self.position
@@ -177,6 +180,7 @@ class Relay:
                                  interval_s=settings.outage_log_interval.total_seconds())
         self._stop_seen_at: float | None = None
         self._session: object | None = None  # the database session the relay last led on
+        self._reader = StreamReader(using, settings.batch_size)
         self._leading = False
         self._standing_by = False
 
@@ -260,30 +264,30 @@ class Relay:
         self._check_refused()
 
     def _produce(self, producer: Producer, message: store.ClaimedMessage,
-                 deliveries: dict[uuid.UUID, _Delivery]) -> None:
-        def delivered(message_id: uuid.UUID, error: KafkaError | None, _record: Any) -> None:
-            deliveries[message_id] = _Delivery(error, None if error else time.monotonic())
-
+                 deliveries: dict[bytes, _Delivery], delivered: Callable[..., None]) -> None:
+        """Hand one row to the producer; its report lands in `deliveries` under its key (a
+        batch has one row per key), through the batch's one `delivered` callback."""
+        key = message.key.encode()
+        headers: dict[str, Any] = message.headers
         while True:
             try:
-                producer.produce(
-                    message.topic,
-                    value=message.payload.encode(),
-                    key=message.key.encode(),
-                    headers=kafka.record_headers(message),
-                    timestamp=kafka.record_timestamp_ms(message),
-                    on_delivery=functools.partial(delivered, message.id),
-                )
+                producer.produce(message.topic, value=message.payload.encode(), key=key,
+                                 headers=headers, timestamp=message.timestamp_ms,
+                                 on_delivery=delivered)
                 return
             except BufferError:
                 if not self._poll(producer, 0.05):  # the local queue is full: let it drain
-                    deliveries[message.id] = _Delivery(self._fatal)
+                    deliveries[key] = _Delivery(self._fatal)
                     return
+            except TypeError:
+                if headers is not message.headers:
+                    raise
+                headers = kafka.record_headers(message)  # a header stored as another JSON type
             except KafkaException as exc:
                 error = exc.args[0]
                 if isinstance(error, KafkaError) and error.fatal():
                     self._fatal = self._fatal or error
-                deliveries[message.id] = _Delivery(error)
+                deliveries[key] = _Delivery(error)
                 return
 
     def _await_batch(self, producer: Producer, batch: "_Batch") -> None:
@@ -345,25 +349,37 @@ class Relay:
         deadline = (time.monotonic() + self.settings.delivery_timeout.total_seconds()
                     + FLUSH_MARGIN_S)
         batch = _Batch(read, 0, {}, deadline, producer, start)
+        deliveries = batch.deliveries
+        monotonic = time.monotonic
+
+        def delivered(error: KafkaError | None, record: Any) -> None:
+            deliveries[record.key()] = _Delivery(error, None if error else monotonic())
+
         for message in read:
             if not message.held:
-                self._produce(producer, message, batch.deliveries)
+                self._produce(producer, message, deliveries, delivered)
                 batch.sent += 1
         self._poll(producer, 0)
         log_event(logger, logging.DEBUG, "batch produced", relay_id=self.relay_id,
                   produced=batch.sent, lane="slow" if start is None else "stream")
         return batch
 
-    def _read_stream(self, after: store.Position, busy: set[str]) -> list[store.ClaimedMessage]:
+    def _read_stream(self, after: store.Position, busy: set[str],
+                     held: frozenset[str] | set[str] = frozenset()) -> list[store.ClaimedMessage]:
         """The stream's rows after `after`, up to the first whose key is `busy` (in flight) or
         already in the batch: one row per key in flight, so that order per key holds whatever
-        the broker does with each."""
-        read = store.read_stream(self.using, batch_size=self.settings.batch_size, after=after)
+        the broker does with each. A row of a `held` key (detoured since the read began) is
+        held, as the read says of a key the slow lane holds."""
+        read = self._reader.read(after)
         keys = set(busy)
         for index, message in enumerate(read):
             if message.key in keys:
-                return read[:index]
+                read = read[:index]
+                break
             keys.add(message.key)
+        if held:
+            read = [dataclasses.replace(m, held=True) if m.key in held and not m.held else m
+                    for m in read]
         return read
 
     def publish_batch(self) -> BatchOutcome:
@@ -408,6 +424,12 @@ class Relay:
         if total.broker_unavailable or self.stop.is_set():
             return total
         stream = _Stream(store.read_position(self.using))
+        try:
+            return self._run_stream(stream, total)
+        finally:
+            self._reader.drop()  # a read ahead is not reused: the slow lane runs in between
+
+    def _run_stream(self, stream: "_Stream", total: BatchOutcome) -> BatchOutcome:
         while True:
             self._fill(stream)
             if not stream.in_flight:
@@ -419,7 +441,7 @@ class Relay:
                 self.stats.add(outcome)
             else:
                 try:
-                    outcome = self._finish_stream(batch, stream.position)
+                    outcome = self._finish_stream(batch, stream.position, stream.detoured)
                 except store.PositionMovedError as exc:
                     self._stand_down(exc, stream.in_flight)
                     return total
@@ -439,15 +461,17 @@ class Relay:
                 stream.reading = False
                 return
             busy = set().union(*(b.keys for b in stream.in_flight))
-            read = self._read_stream(stream.after, busy)
+            read = self._read_stream(stream.after, busy, stream.detoured)
             if not read:
                 # Nothing after `after`, or its first row's key is in flight: read on once a
                 # batch in flight is done (if none is, there is nothing to read).
                 stream.reading = bool(stream.in_flight)
                 return
-            stream.in_flight.append(self._produce_batch(read, stream.after))
+            start, stream.after = stream.after, read[-1].position or stream.after
             stream.batches += 1
-            stream.after = read[-1].position or stream.after
+            if stream.batches < STREAM_BATCHES_PER_CALL:
+                self._reader.read_ahead(stream.after)  # while this batch is produced
+            stream.in_flight.append(self._produce_batch(read, start))
 
     def _stand_down(self, exc: store.PositionMovedError, in_flight: "deque[_Batch]") -> None:
         """Another relay moved the stream: this one no longer leads (what it sent since is
@@ -471,26 +495,27 @@ class Relay:
             return None
         return batch.claimed[recorded - 1].position
 
-    def _finish_stream(self, batch: "_Batch", start: store.Position) -> BatchOutcome:
+    def _finish_stream(self, batch: "_Batch", start: store.Position,
+                       detoured_keys: set[str] | None = None) -> BatchOutcome:
         """Await a stream batch's reports, then move the position past every row accounted for:
         delivered, refused (detoured with an attempt counted) or held (detoured); it stops
         before the first row the broker could not take (or that the stop released)."""
         self._await_batch(batch.producer, batch)
         outcome = BatchOutcome()
         detours: list[store.Detour] = []
+        latencies: list[float] = []
         first_unavailable: KafkaError | None = None
         recorded = len(batch.claimed)
         for index, message in enumerate(batch.claimed):
             if message.held:
                 detours.append(store.Detour(message.id))
                 continue
-            report = batch.deliveries.get(message.id)
+            report = batch.deliveries.get(message.key.encode())
             error = report.error if report else None
             if report is not None and error is None:
                 outcome.published += 1
                 if report.acked_at is not None:  # its age when read, plus the time since
-                    metrics.observe_delivery_latency(
-                        message.age_at_read_s + report.acked_at - message.read_at)
+                    latencies.append(message.age_at_read_s + report.acked_at - message.read_at)
             elif error is None or kafka.broker_unavailable(error):
                 first_unavailable = error
                 recorded = index
@@ -509,6 +534,10 @@ class Relay:
             outcome.parked = store.advance(self.using, start=start, end=end,
                                            published=outcome.published, detours=detours,
                                            max_attempts=self.settings.max_attempts)
+            if detoured_keys is not None and detours:
+                gone = {d.id for d in detours}
+                detoured_keys.update(m.key for m in batch.claimed[:recorded] if m.id in gone)
+        metrics.observe_delivery_latencies(latencies)
         return self._account(outcome, first_unavailable, lane="stream")
 
     def _retry_in(self, message: store.ClaimedMessage) -> float:
@@ -522,14 +551,14 @@ class Relay:
                   error=kafka.describe(error), retry_in_s=round(retry_in, 3))
 
     def _record_slow(self, claimed: list[store.ClaimedMessage],
-                     deliveries: dict[uuid.UUID, _Delivery]) -> BatchOutcome:
+                     deliveries: dict[bytes, _Delivery]) -> BatchOutcome:
         outcome = BatchOutcome(claimed=len(claimed))
         delivered: list[uuid.UUID] = []
         unavailable: list[uuid.UUID] = []
         failures: list[store.Failure] = []
         first_unavailable: KafkaError | None = None
         for message in claimed:
-            report = deliveries.get(message.id)
+            report = deliveries.get(message.key.encode())
             error = report.error if report else None
             if report is not None and error is None:
                 delivered.append(message.id)
@@ -642,6 +671,7 @@ class Relay:
                 except DatabaseErrors as exc:
                     db_failures += 1
                     connections[self.using].close()
+                    self._reader.close()
                     failure = classify_on(exc, self.using)
                     self._back_off(db_failures, retry_event(failure), **failure.fields())
                     continue
@@ -666,6 +696,7 @@ class Relay:
         """Hand the lead over, let the producer finish (nothing is in flight between batches)
         and drop it."""
         self.resign()
+        self._reader.close()
         if self._fatal is not None:  # failed at the end of a pass: no replacement said it
             log_event(logger, logging.ERROR, "producer failed fatally", relay_id=self.relay_id,
                       error=kafka.describe(self._fatal))

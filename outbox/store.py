@@ -32,10 +32,10 @@ class ClaimedMessage:
     topic: str
     key: str
     payload: str
+    # The Kafka headers: the row's (message id, event type, contract version, correlation id,
+    # traceparent when present) and the aggregate's type and id; null values left out.
     headers: dict[str, Any]
-    aggregate_type: str
-    aggregate_id: str
-    created_at: datetime
+    timestamp_ms: int  # the row's created_at, the Kafka timestamp
     attempts: int
     # The row's age when read, on the database's clock, and when that was on this process's
     # monotonic clock: its age at any later moment without the relay's wall clock.
@@ -127,18 +127,22 @@ def read_position(using: str) -> Position:
 def read_stream(using: str, *, batch_size: int, after: Position) -> list[ClaimedMessage]:
     """Up to `batch_size` rows after `after` in stream order, of settled transactions only;
     nothing is written (only the leading relay reads)."""
-    with server_cursor(using) as cur:
+    return read_stream_on(raw_connection(using), batch_size=batch_size, after=after)
+
+
+def read_stream_on(conn: psycopg.Connection[Any], *, batch_size: int,
+                   after: Position) -> list[ClaimedMessage]:
+    """read_stream on a given session (the relay's reader has one of its own)."""
+    with psycopg.Cursor(conn) as cur:
         cur.execute(QUERIES["read_stream"], {"batch_size": batch_size,
-                                             "after_txid": after[0], "after_seq": after[1]})
+                                             "after_txid": after[0], "after_seq": after[1]},
+                    binary=True)
         rows = cur.fetchall()
     read_at = time.monotonic()
     loads = orjson.loads
     return [
-        ClaimedMessage(
-            id=r[2], topic=r[3], key=r[4], payload=r[5], headers=loads(r[6]),
-            aggregate_type=r[7], aggregate_id=r[8], created_at=r[9], attempts=0,
-            age_at_read_s=r[10], read_at=read_at, position=(r[0], r[1]), held=r[11],
-        )
+        ClaimedMessage(r[2], r[3], r[4], r[5], loads(r[6]), r[7], 0, r[8], read_at,
+                       (r[0], r[1]), r[9])
         for r in rows
     ]
 
@@ -146,15 +150,12 @@ def read_stream(using: str, *, batch_size: int, after: Position) -> list[Claimed
 def read_slow(using: str, *, batch_size: int) -> list[ClaimedMessage]:
     """Up to `batch_size` due slow-lane rows, per key only its oldest waiting one."""
     with server_cursor(using) as cur:
-        cur.execute(QUERIES["read_slow"], {"batch_size": batch_size})
+        cur.execute(QUERIES["read_slow"], {"batch_size": batch_size}, binary=True)
         rows = cur.fetchall()
     read_at = time.monotonic()
     return [
-        ClaimedMessage(
-            id=r[0], topic=r[1], key=r[2], payload=r[3], headers=orjson.loads(r[4]),
-            aggregate_type=r[5], aggregate_id=r[6], created_at=r[7], attempts=r[8],
-            age_at_read_s=r[9], read_at=read_at,
-        )
+        ClaimedMessage(id=r[0], topic=r[1], key=r[2], payload=r[3], headers=orjson.loads(r[4]),
+                       timestamp_ms=r[5], age_at_read_s=r[6], attempts=r[7], read_at=read_at)
         for r in rows
     ]
 

@@ -10,9 +10,14 @@
 select txid::text, seq from outbox_relay_position;
 
 -- read_stream: up to batch_size rows after a position, in stream order (txid, seq), only of transactions older than every one still running (so that no row can later commit behind the position); held = its key has a waiting or parked row in the slow lane, which it must not overtake
-select m.txid::text, m.seq, m.id, m.topic, m.message_key, m.payload::text, m.headers::text,
-       m.aggregate_type, m.aggregate_id, m.created_at,
-       -- the row's age now, on the database's clock (which stamped created_at)
+select m.txid::text, m.seq, m.id, m.topic, m.message_key, m.payload::text,
+       -- the Kafka headers: the row's own, and its aggregate and id where it has none
+       jsonb_strip_nulls(jsonb_build_object('aggregate_type', m.aggregate_type,
+                                            'aggregate_id', m.aggregate_id,
+                                            'message_id', m.id::text) || m.headers)::text,
+       -- the Kafka timestamp (ms since the epoch), and the row's age now on the database's
+       -- clock (which stamped created_at)
+       (extract(epoch from m.created_at) * 1000)::int8,
        extract(epoch from clock_timestamp() - m.created_at)::float8,
        exists (select 1 from outbox_messages s
                where s.message_key = m.message_key
@@ -50,9 +55,13 @@ where m.id = d.id
 returning m.id, m.parked_at is not null as parked;
 
 -- read_slow: up to batch_size due rows of the slow lane, each the oldest waiting row of its key (a delayed or parked head holds its key)
-select o.id, o.topic, o.message_key, o.payload::text, o.headers::text, o.aggregate_type,
-       o.aggregate_id, o.created_at, o.attempts,
-       extract(epoch from clock_timestamp() - o.created_at)::float8
+select o.id, o.topic, o.message_key, o.payload::text,
+       jsonb_strip_nulls(jsonb_build_object('aggregate_type', o.aggregate_type,
+                                            'aggregate_id', o.aggregate_id,
+                                            'message_id', o.id::text) || o.headers)::text,
+       (extract(epoch from o.created_at) * 1000)::int8,
+       extract(epoch from clock_timestamp() - o.created_at)::float8,
+       o.attempts
 from outbox_messages o
 where o.detoured_at is not null
   and o.published_at is null

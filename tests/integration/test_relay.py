@@ -134,7 +134,8 @@ def test_a_stream_batch_ends_before_a_key_it_already_has_or_one_in_flight(
         alone = relay._read_stream(first[-1].position, busy=set())
 
     assert sorted(m.id for m in first) == sorted(firsts)  # one row per key: cut at a repeat
-    assert [m.position for m in first] == sorted(m.position for m in first)  # write order
+    places = [(int(m.position[0]), m.position[1]) for m in first if m.position is not None]
+    assert len(places) == len(first) and places == sorted(places)  # in write order
     assert blocked == []
     assert sorted(m.id for m in alone) == sorted(ids[1] for ids in written.values())
 

@@ -1,0 +1,95 @@
+"""The stream's next read, ahead of time: while the relay produces one batch, its next one is
+read on a database session of the reader's own, by a thread of its own, so that PostgreSQL's
+work and the wire overlap the relay's (docs/outbox-relay.md, "One batch").
+
+Only reads run here (nothing is written, no lock is taken); the relay's own session keeps the
+lead, moves the position and runs everything else. A read started after a position that is no
+longer the one wanted (the batch before stopped short) is waited for and dropped.
+"""
+
+import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import psycopg
+from django.db import connections
+
+from core.db import DatabaseErrors, raw_connection
+from outbox import store
+
+
+class StreamReader:
+    """Reads of the stream for one relay, at most one ahead."""
+
+    def __init__(self, using: str, batch_size: int) -> None:
+        self.using = using
+        self.batch_size = batch_size
+        self._session: psycopg.Connection[Any] | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: tuple[store.Position, Future[list[store.ClaimedMessage]]] | None = None
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        """The reader's session: connected like the alias's, in the same role (a relay that
+        SET ROLE reads as that role here too)."""
+        if self._session is None or self._session.closed:
+            main = raw_connection(self.using)
+            role = main.execute("select current_user").fetchone()
+            wrapper = connections[self.using]
+            session: psycopg.Connection[Any] = wrapper.get_new_connection(
+                wrapper.get_connection_params())
+            session.autocommit = True
+            if role is not None and role[0] != session.info.user:
+                session.execute(psycopg.sql.SQL("set role {}").format(
+                    psycopg.sql.Identifier(role[0])))
+            self._session = session
+        return self._session
+
+    def _read(self, after: store.Position) -> list[store.ClaimedMessage]:
+        return store.read_stream_on(self._connection(), batch_size=self.batch_size, after=after)
+
+    def read_ahead(self, after: store.Position) -> None:
+        """Start reading the batch after `after` in the background."""
+        self.drop()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-reader")
+        self._ahead = (after, self._pool.submit(self._read, after))
+
+    def read(self, after: store.Position) -> list[store.ClaimedMessage]:
+        """The batch after `after`: the read started ahead if it was for there, else now. A
+        database failure of either is raised here (and the reader's session is dropped)."""
+        ahead, self._ahead = self._ahead, None
+        try:
+            if ahead is not None and ahead[0] == after:
+                return ahead[1].result()
+            if ahead is not None:
+                self._wait(ahead[1])
+            return self._read(after)
+        except DatabaseErrors:
+            self._close_session()
+            raise
+
+    def drop(self) -> None:
+        """Forget a read started ahead (waiting for it to end: one read at a time)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            self._wait(ahead[1])
+
+    def _wait(self, future: "Future[list[store.ClaimedMessage]]") -> None:
+        """Wait for a read nobody wants any more; a session it failed on is dropped."""
+        try:
+            future.result()
+        except DatabaseErrors:
+            self._close_session()
+
+    def _close_session(self) -> None:
+        if self._session is not None:
+            with contextlib.suppress(*DatabaseErrors):
+                self._session.close()
+            self._session = None
+
+    def close(self) -> None:
+        self.drop()
+        self._close_session()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
