@@ -44,15 +44,23 @@ class StreamReader:
             self._session = session
         return self._session
 
-    def _read(self, after: store.Position) -> list[store.ClaimedMessage]:
-        return store.read_stream_on(self._connection(), batch_size=self.batch_size, after=after)
+    def _read(self, after: store.Position,
+              session: psycopg.Connection[Any] | None = None) -> list[store.ClaimedMessage]:
+        return store.read_stream_on(session or self._connection(), batch_size=self.batch_size,
+                                    after=after)
 
     def read_ahead(self, after: store.Position) -> None:
-        """Start reading the batch after `after` in the background."""
+        """Start reading the batch after `after` in the background (the session is opened
+        here, on the caller's thread: Django's connections are per thread)."""
         self.drop()
+        session = self._connection()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-reader")
-        self._ahead = (after, self._pool.submit(self._read, after))
+        self._ahead = (after, self._pool.submit(self._read, after, session))
+
+    def has_ahead(self, after: store.Position) -> bool:
+        """Is a read started ahead for the batch after `after`?"""
+        return self._ahead is not None and self._ahead[0] == after
 
     def read(self, after: store.Position) -> list[store.ClaimedMessage]:
         """The batch after `after`: the read started ahead if it was for there, else now. A

@@ -17,7 +17,7 @@ select m.txid::text, m.seq, m.id, m.topic, m.message_key, m.payload::text,
                                             'message_id', m.id::text) || m.headers)::text,
        -- the Kafka timestamp (ms since the epoch), and the row's age now on the database's
        -- clock (which stamped created_at)
-       (extract(epoch from m.created_at) * 1000)::int8,
+       floor(extract(epoch from m.created_at) * 1000)::int8,
        extract(epoch from clock_timestamp() - m.created_at)::float8,
        exists (select 1 from outbox_messages s
                where s.message_key = m.message_key
@@ -59,7 +59,7 @@ select o.id, o.topic, o.message_key, o.payload::text,
        jsonb_strip_nulls(jsonb_build_object('aggregate_type', o.aggregate_type,
                                             'aggregate_id', o.aggregate_id,
                                             'message_id', o.id::text) || o.headers)::text,
-       (extract(epoch from o.created_at) * 1000)::int8,
+       floor(extract(epoch from o.created_at) * 1000)::int8,
        extract(epoch from clock_timestamp() - o.created_at)::float8,
        o.attempts
 from outbox_messages o
