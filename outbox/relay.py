@@ -55,6 +55,8 @@ FLUSH_SLICE_S = 0.2
 PIPELINE_DEPTH = 2
 # Stream batches per publish_available call, so that the slow lane gets its turn in a long run.
 STREAM_BATCHES_PER_CALL = 20
+# A stream held back this long by a transaction still open on the server is worth a warning.
+STREAM_HELD_WARN_S = 60.0
 
 Wait = Callable[[float], object]
 
@@ -181,6 +183,8 @@ class Relay:
         self._stop_seen_at: float | None = None
         self._session: object | None = None  # the database session the relay last led on
         self._reader = StreamReader(using, settings.batch_size)
+        self._held_since: float | None = None  # the stream waits for an open transaction
+        self._held_said = False
         self._leading = False
         self._standing_by = False
 
@@ -472,12 +476,36 @@ class Relay:
                 # Nothing after `after`, or its first row's key is in flight: read on once a
                 # batch in flight is done (if none is, there is nothing to read).
                 stream.reading = bool(stream.in_flight)
+                if not stream.in_flight and stream.batches == 0:
+                    self._look_for_a_held_stream(stream.after)
                 return
+            self._stream_moving()
             start, stream.after = stream.after, read[-1].position or stream.after
             stream.batches += 1
             if stream.batches < STREAM_BATCHES_PER_CALL:
                 self._reader.read_ahead(stream.after)  # while this batch is produced
             stream.in_flight.append(self._produce_batch(read, start))
+
+    def _look_for_a_held_stream(self, after: store.Position) -> None:
+        """Nothing to read although rows wait after the position: a transaction older than
+        theirs is still open somewhere on the server. Said once it lasts STREAM_HELD_WARN_S."""
+        if not store.stream_waiting(self.using, after):
+            self._stream_moving()
+            return
+        now = time.monotonic()
+        if self._held_since is None:
+            self._held_since = now
+        elif not self._held_said and now - self._held_since >= STREAM_HELD_WARN_S:
+            self._held_said = True
+            log_event(logger, logging.WARNING,
+                      "stream held back by a transaction open on the database server",
+                      relay_id=self.relay_id, held_for_s=round(now - self._held_since, 1))
+
+    def _stream_moving(self) -> None:
+        if self._held_said and self._held_since is not None:
+            log_event(logger, logging.INFO, "stream moving again", relay_id=self.relay_id,
+                      held_for_s=round(time.monotonic() - self._held_since, 1))
+        self._held_since, self._held_said = None, False
 
     def _stand_down(self, exc: store.PositionMovedError, in_flight: "deque[_Batch]") -> None:
         """Another relay moved the stream: this one no longer leads (what it sent since is

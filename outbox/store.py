@@ -147,6 +147,14 @@ def read_stream_on(conn: psycopg.Connection[Any], *, batch_size: int,
     ]
 
 
+def stream_waiting(using: str, after: Position) -> bool:
+    """Are there stream rows after `after` that a read could not take yet (a transaction
+    older than theirs is still open)?"""
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["stream_waiting"], {"after_txid": after[0], "after_seq": after[1]})
+        return bool(one(cur)[0])
+
+
 def read_slow(using: str, *, batch_size: int) -> list[ClaimedMessage]:
     """Up to `batch_size` due slow-lane rows, per key only its oldest waiting one."""
     with server_cursor(using) as cur:

@@ -30,6 +30,13 @@ where (m.txid, m.seq) > (%(after_txid)s::xid8, %(after_seq)s::bigint)
 order by m.txid, m.seq
 limit %(batch_size)s;
 
+-- stream_waiting: are there stream rows after the position that a read could not take yet (their transactions are younger than one still running)?
+select exists (
+    select 1 from outbox_messages m
+    where (m.txid, m.seq) > (%(after_txid)s::xid8, %(after_seq)s::bigint)
+      and m.detoured_at is null
+);
+
 -- advance_position: move the position from where this relay read it to the end of a delivered batch; no row when it was not there any more (another relay moved it)
 update outbox_relay_position
 set txid = %(upto_txid)s::xid8, seq = %(upto_seq)s::bigint, moved_at = now()

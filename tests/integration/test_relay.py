@@ -3,6 +3,7 @@ leading relay and a standby taking over, order per key, reads, a late commit, wa
 retention."""
 
 import json
+import logging
 import threading
 import uuid
 from datetime import timedelta
@@ -177,6 +178,31 @@ def test_an_open_transaction_holds_the_stream_back_and_no_row_is_skipped(
     assert [m.id for m in first] == [late_id]
     assert stats.published == 11 and unpublished_count() == 0
     assert str(late_id) in {r.message_id for r in read_topic(kafka.bootstrap_servers)}
+
+
+def test_a_stream_held_back_by_an_open_transaction_is_said_once_and_its_end_too(
+    transactional_db: None, kafka: MockKafkaCluster, caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("outbox.relay.STREAM_HELD_WARN_S", 0.0)
+    holder = psycopg.connect(test_database_url(), options="-c search_path=profile")
+    try:
+        holder.execute("insert into outbox_relay_batches (upto_txid, upto_seq, messages)"
+                       " values ('1', 0, 0)")  # any write: the transaction has an id now
+        insert_outbox("waiting", created_at=BASE_TIME)
+        with as_relay(), caplog.at_level(logging.INFO, logger="outbox.relay"):
+            relay = Relay(relay_settings(kafka.bootstrap_servers))
+            looks = [relay.publish_available().claimed for _ in range(3)]
+            holder.rollback()
+            looks.append(relay.publish_available().claimed)
+            relay.close()
+    finally:
+        holder.close()
+
+    said = [r.getMessage() for r in caplog.records if "stream" in r.getMessage()]
+    assert looks == [0, 0, 0, 1]
+    assert said == ["stream held back by a transaction open on the database server",
+                    "stream moving again"]
 
 
 def test_only_one_relay_leads_at_a_time_and_resigning_hands_over(transactional_db: None) -> None:
