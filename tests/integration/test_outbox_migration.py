@@ -8,6 +8,8 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
+from core.db import apply_sql_file
+from core.roles import ROLES_SQL
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from outbox.relay import Relay
@@ -19,9 +21,13 @@ AFTER = ("outbox", "0005_stream_position")
 
 
 def migrate(target: tuple[str, str]) -> None:
+    """Migrate the outbox to `target`; forward, grant the roles again (as a release does: the
+    tables a migration creates have no grants until `apply_db_roles`)."""
     executor = MigrationExecutor(connection)
     executor.loader.build_graph()
     executor.migrate([target])
+    if target == AFTER:
+        apply_sql_file(ROLES_SQL)
 
 
 @pytest.fixture
