@@ -133,7 +133,8 @@ def test_outbox_gauges_as_the_worker_role(documents: Documents) -> None:
         ObservedCycles(ReminderSettings(), stop=threading.Event())(as_of=AS_OF)
     with connection.cursor() as cursor:
         cursor.execute("update outbox_messages set created_at = now() - interval '90 seconds'")
-        cursor.execute("update outbox_messages set parked_at = now(), last_error = 'too large'"
+        cursor.execute("update outbox_messages set parked_at = now(), detoured_at = now(),"
+                       " last_error = 'too large'"
                        " where id = (select id from outbox_messages limit 1)")
 
     with as_worker():
