@@ -32,7 +32,9 @@ SAMPLE = {
     "batch_size": 10, "lease": timedelta(minutes=2), "relay_id": "r", "ids": [uuid.uuid4()],
     "errors": ["e"], "retry_in": [timedelta(seconds=1)], "max_attempts": 5,
     "retention": timedelta(days=7), "limit": 10, "all": False,
-    "after_created_at": datetime(2026, 11, 29, 3, 0, tzinfo=UTC), "after_id": uuid.uuid4(),
+    "after_txid": "1", "after_seq": 0, "from_txid": "1", "from_seq": 0, "upto_txid": "2",
+    "upto_seq": 5, "published_at": datetime(2026, 11, 29, 3, 0, tzinfo=UTC), "messages": 5,
+    "attempted": [True],
     "lock": 1,
 }
 # Every named query of the project, as "file stem: name".
