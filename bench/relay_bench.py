@@ -238,19 +238,23 @@ def measure_db_floor(messages: list[BenchMessage], batch_size: int,
     from django.db import connections
 
     from outbox import store
+    from outbox.reader import StreamReader
 
     with connections[using].cursor() as cursor:
         cursor.execute("truncate outbox_messages")
     load_outbox(messages, "bench.db-floor", using)
     store.relax_commit_durability(using)  # as the relay's session does
+    reader = StreamReader(using, batch_size)  # as the relay reads: its own session, one ahead
     after = store.read_position(using)
     started = time.perf_counter()
-    while read := store.read_stream(using, batch_size=batch_size, after=after):
+    while read := reader.read(after):
         end = read[-1].position or after
+        reader.read_ahead(end)
         store.advance(using, start=after, end=end, published=len(read), detours=[],
                       max_attempts=10)
         after = end
     seconds = time.perf_counter() - started
+    reader.close()
     return Measurement(DB_ONLY, len(messages), batch_size, seconds)
 
 

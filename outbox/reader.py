@@ -1,10 +1,12 @@
-"""The stream's next read, ahead of time: while the relay produces one batch, its next one is
-read on a database session of the reader's own, by a thread of its own, so that PostgreSQL's
-work and the wire overlap the relay's (docs/outbox-relay.md, "One batch").
+"""The stream's reads, on a database session of their own (docs/outbox-relay.md, "One
+batch"): set up to read in index order (query `stream_reader_session`), and able to read the
+next batch ahead, on a thread of its own, while the relay produces the current one, so that
+PostgreSQL's work and the wire overlap the relay's.
 
 Only reads run here (nothing is written, no lock is taken); the relay's own session keeps the
 lead, moves the position and runs everything else. A read started after a position that is no
-longer the one wanted (the batch before stopped short) is waited for and dropped.
+longer the one wanted (the batch before stopped short) is waited for and dropped. The session
+stays open while the relay runs; `close()` ends it.
 """
 
 import contextlib
@@ -38,6 +40,7 @@ class StreamReader:
             session: psycopg.Connection[Any] = wrapper.get_new_connection(
                 wrapper.get_connection_params())
             session.autocommit = True
+            session.execute(store.QUERIES["stream_reader_session"])
             if role is not None and role[0] != session.info.user:
                 session.execute(psycopg.sql.SQL("set role {}").format(
                     psycopg.sql.Identifier(role[0])))

@@ -374,11 +374,7 @@ class Relay:
         already in the batch: one row per key in flight, so that order per key holds whatever
         the broker does with each. A row of a `held` key (detoured since the read began) is
         held, as the read says of a key the slow lane holds."""
-        if self._reader.has_ahead(after):
-            read = self._reader.read(after)
-        else:  # the first read of a run: on the relay's own session (an idle look opens none)
-            read = store.read_stream(self.using, batch_size=self.settings.batch_size,
-                                     after=after)
+        read = self._reader.read(after)
         keys = set(busy)
         for index, message in enumerate(read):
             if message.key in keys:
@@ -436,8 +432,6 @@ class Relay:
             return self._run_stream(stream, total)
         finally:
             self._reader.drop()  # a read ahead is not reused: the slow lane runs in between
-            if stream.batches == 0:
-                self._reader.close()  # idle: its session is not kept open
 
     def _run_stream(self, stream: "_Stream", total: BatchOutcome) -> BatchOutcome:
         while True:

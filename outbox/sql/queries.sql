@@ -30,6 +30,9 @@ where (m.txid, m.seq) > (%(after_txid)s::xid8, %(after_seq)s::bigint)
 order by m.txid, m.seq
 limit %(batch_size)s;
 
+-- stream_reader_session: the reader's session (outbox/reader.py) reads the stream in index order, never by sorting every row ahead: the planner cannot know how many rows lie after the position (right after a bulk insert its estimate is a third of them), and would compute and sort them all for each batch
+set enable_sort = off;
+
 -- stream_waiting: are there stream rows after the position that a read could not take yet (their transactions are younger than one still running)?
 select exists (
     select 1 from outbox_messages m

@@ -133,6 +133,7 @@ def test_a_stream_batch_ends_before_a_key_it_already_has_or_one_in_flight(
         # The next read, while the first batch is in flight: its keys come back first.
         blocked = relay._read_stream(first[-1].position, busy={m.key for m in first})
         alone = relay._read_stream(first[-1].position, busy=set())
+        relay.close()
 
     assert sorted(m.id for m in first) == sorted(firsts)  # one row per key: cut at a repeat
     places = [(int(m.position[0]), m.position[1]) for m in first if m.position is not None]
