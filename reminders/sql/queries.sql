@@ -73,19 +73,24 @@ select d.id,
        (d.expires_at at time zone 'UTC')::date as expires_on,
        coalesce(m.thresholds, '{}'::int[]) as marked_thresholds,
        coalesce(m.expiry_dates, '{}'::date[]) as marked_for
-from person_documents d
+from unnest(%(owner_ids)s::uuid[]) as o(owner_user_id)
+-- owner by owner through the owner index, as claim_batch reads them
+join lateral (
+    select d.id, d.owner_user_id, d.type, d.number_mask, d.expires_at
+    from person_documents d
+    where d.owner_user_id = o.owner_user_id
+      and d.status = 'Active'
+      and d.deleted_at is null
+      and d.expires_at is not null
+      and d.expires_at >= %(window_start)s
+      and d.expires_at < %(window_end)s
+) d on true
 left join lateral (
     select array_agg(r.threshold_days order by r.threshold_days) as thresholds,
            array_agg(r.expires_at order by r.threshold_days) as expiry_dates
     from document_expiry_reminders r
     where r.document_id = d.id
 ) m on true
-where d.owner_user_id = any(%(owner_ids)s::uuid[])
-  and d.status = 'Active'
-  and d.deleted_at is null
-  and d.expires_at is not null
-  and d.expires_at >= %(window_start)s
-  and d.expires_at < %(window_end)s
 order by d.owner_user_id, d.id;
 
 -- claim_batch: for a batch of owners, in one statement: their window documents and markers, the rules (as reminders.rules.decide), the markers (insert-wins, in document/threshold order), one outbox row per owner whose t* this statement won, and the notified items for the log
@@ -95,10 +100,23 @@ with docs as materialized (
     -- One index probe a document. (A join to the ledger gets planned as a scan of the whole
     -- ledger once it is large, for every batch.) All probes run before the insert below,
     -- whose sort reads every planned row first.
+    -- The documents come owner by owner through the owner index (a lateral probe per owner):
+    -- with `owner_user_id = any(...)` the planner ANDed the owner index with a range scan of
+    -- the expiry index over the whole window (280,000 entries at steady 10M) for every batch.
     select d.id, d.owner_user_id, d.type, d.number_mask, e.expires_on,
            coalesce(m.marked, '{}'::int[]) as marked,
            coalesce(m.stale, '{}'::int[]) as stale
-    from person_documents d
+    from unnest(%(owner_ids)s::uuid[]) as o(owner_user_id)
+    join lateral (
+        select d.id, d.owner_user_id, d.type, d.number_mask, d.expires_at
+        from person_documents d
+        where d.owner_user_id = o.owner_user_id
+          and d.status = 'Active'
+          and d.deleted_at is null
+          and d.expires_at is not null
+          and d.expires_at >= %(window_start)s
+          and d.expires_at < %(window_end)s
+    ) d on true
     cross join lateral (select (d.expires_at at time zone 'UTC')::date as expires_on) e
     left join lateral (
         select array_agg(r.threshold_days) filter (where r.expires_at = e.expires_on) as marked,
@@ -106,12 +124,6 @@ with docs as materialized (
         from document_expiry_reminders r
         where r.document_id = d.id
     ) m on true
-    where d.owner_user_id = any(%(owner_ids)s::uuid[])
-      and d.status = 'Active'
-      and d.deleted_at is null
-      and d.expires_at is not null
-      and d.expires_at >= %(window_start)s
-      and d.expires_at < %(window_end)s
 ),
 remaining as (
     -- crossed thresholds (days_left <= t) that have no marker for the current expiry date
