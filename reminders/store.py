@@ -93,9 +93,9 @@ class DueOwner(NamedTuple):
     owner_user_id: uuid.UUID
     first_due_expiry: datetime
     due_documents: int
-    # its due documents, most urgent first (UTC expiry date, id): the claim reads them by
-    # primary key
-    document_ids: list[uuid.UUID]
+    # its due documents' ids as text, most urgent first (UTC expiry date, id): the claim
+    # reads them by primary key
+    document_ids: list[str]
 
 
 class DueOwners:
@@ -170,7 +170,7 @@ def batch_documents(
 
 def claim_batch(
     using: str,
-    document_ids: Sequence[uuid.UUID],
+    document_ids: Sequence[str],
     window: Window,
     thresholds: Sequence[int],
     as_of_date: date,

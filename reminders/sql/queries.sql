@@ -60,9 +60,10 @@ owners as (
            -- the claim reads these by primary key: an owner's other documents (out of the
            -- window, archived, deleted: three in four at steady 10M) are never fetched. Most
            -- urgent first (UTC expiry date, id): the cycle keeps an owner's first
-           -- max_documents_per_event (plan.most_urgent_per_owner's order)
-           array_agg(id order by (expires_at at time zone 'UTC')::date, id) filter (where due)
-               as due_document_ids
+           -- max_documents_per_event (plan.most_urgent_per_owner's order). As text: the
+           -- worker only slices and passes them back (no UUID object a document).
+           array_agg(id::text order by (expires_at at time zone 'UTC')::date, id)
+               filter (where due) as due_document_ids
     from window_documents
     group by owner_user_id
 )

@@ -28,7 +28,7 @@ class FakeCursor:
 
 def _rows(due: list[int], not_due: int) -> list[tuple[Any, ...]]:
     window, total = sum(due) + not_due * 2, sum(due)
-    return ([(uuid.uuid4(), FIRST, n, window, total, [uuid.uuid4() for _ in range(n)])
+    return ([(uuid.uuid4(), FIRST, n, window, total, [str(uuid.uuid4()) for _ in range(n)])
              for n in due]
             + [(uuid.uuid4(), None, 0, window, total, None) for _ in range(not_due)])
 
