@@ -83,7 +83,7 @@ select d.id,
        coalesce(m.thresholds, '{}'::int[]) as marked_thresholds,
        coalesce(m.expiry_dates, '{}'::date[]) as marked_for
 from unnest(%(owner_ids)s::uuid[]) as o(owner_user_id)
--- owner by owner through the owner index, as claim_batch reads them
+-- owner by owner through the owner index (not `owner_user_id = any(...)`: see claim_batch)
 join lateral (
     select d.id, d.owner_user_id, d.type, d.number_mask, d.expires_at
     from person_documents d
