@@ -43,24 +43,28 @@ class ConnectionLostError(ConnectionError):
 class OwnerBatch(NamedTuple):
     """Whole owners, and how many due documents they have between them."""
 
-    owner_ids: list[uuid.UUID]
+    owners: list[store.DueOwner]
     documents: int
+
+    @property
+    def owner_ids(self) -> list[uuid.UUID]:
+        return [owner.owner_user_id for owner in self.owners]
 
 
 def owner_batches(
-    rows: Callable[[int], Sequence[tuple[Any, ...]]], batch_size: int
+    rows: Callable[[int], Sequence[store.DueOwner]], batch_size: int
 ) -> Iterator[OwnerBatch]:
-    """Group due-owner rows `(owner, first expiry, due documents)` into batches of about
-    `batch_size` documents, never splitting an owner (one with more goes alone)."""
-    batch: list[uuid.UUID] = []
+    """Group due owners into batches of about `batch_size` documents, never splitting an
+    owner (one with more goes alone)."""
+    batch: list[store.DueOwner] = []
     documents = 0
     while chunk := rows(batch_size):
-        for owner_id, _first_expiry, due in chunk:
-            if batch and documents + int(due) > batch_size:
+        for owner in chunk:
+            if batch and documents + owner.due_documents > batch_size:
                 yield OwnerBatch(batch, documents)
                 batch, documents = [], 0
-            batch.append(owner_id)
-            documents += int(due)
+            batch.append(owner)
+            documents += owner.due_documents
     if batch:
         yield OwnerBatch(batch, documents)
 
@@ -173,7 +177,7 @@ class Cycle:
         return self.clock() >= self._deadline
 
     def _remind_due_owners(self, due: store.DueOwners) -> str:
-        for owner_ids, documents in owner_batches(due.fetch, self.settings.batch_size):
+        for batch in owner_batches(due.fetch, self.settings.batch_size):
             if self.stop.is_set():
                 log_event(logger, logging.WARNING, "cycle stopping on signal",
                           run_id=self.result.run_id)
@@ -184,45 +188,50 @@ class Cycle:
                           max_run_duration_s=self.settings.max_run_duration.total_seconds())
                 return ReminderRun.Status.TIMED_OUT
             log_event(logger, logging.INFO, "batch selected", run_id=self.result.run_id,
-                      owners=len(owner_ids), documents=documents)
-            with self.observer.batch(self, owner_ids):
-                self._remind_batch(owner_ids)
+                      owners=len(batch.owners), documents=batch.documents)
+            with self.observer.batch(self, batch.owner_ids):
+                self._remind_batch(batch.owners)
             if self.progress:
                 self.progress(self.result.documents_processed, self.result.due_documents)
         return ReminderRun.Status.SUCCEEDED
 
-    def _remind_batch(self, owner_ids: list[uuid.UUID]) -> None:
+    def _remind_batch(self, owners: list[store.DueOwner]) -> None:
         try:
-            outcome = self._in_transaction(owner_ids)
+            outcome = self._in_transaction(owners)
         except DatabaseErrors:
+            owner_ids = [owner.owner_user_id for owner in owners]
             if not connection_alive(self.using):
                 lost = ConnectionLostError("database connection lost")
                 self._fail_owners(owner_ids, classify_on(lost, self.using))
                 raise lost from None
             log_event(logger, logging.WARNING, "batch failed, retrying owner by owner",
-                      run_id=self.result.run_id, owners=len(owner_ids), exc_info=True)
-            for owner_id in owner_ids:
+                      run_id=self.result.run_id, owners=len(owners), exc_info=True)
+            for owner in owners:
                 try:
-                    self._account(self._in_transaction([owner_id]), owners=1)
+                    self._account(self._in_transaction([owner]), owners=1)
                 except DatabaseErrors as exc:
-                    self._fail_owners([owner_id], classify_on(exc, self.using))
+                    self._fail_owners([owner.owner_user_id], classify_on(exc, self.using))
                     if not connection_alive(self.using):
                         raise ConnectionLostError("database connection lost") from None
             return
-        self._account(outcome, owners=len(owner_ids))
+        self._account(outcome, owners=len(owners))
 
-    def _in_transaction(self, owner_ids: list[uuid.UUID]) -> store.BatchClaim:
+    def _in_transaction(self, owners: list[store.DueOwner]) -> store.BatchClaim:
         if self.dry_run:
             return plan.plan_batch(
-                self.using, owner_ids, self.window, self.settings.thresholds, self.as_of_date,
+                self.using, [owner.owner_user_id for owner in owners], self.window,
+                self.settings.thresholds, self.as_of_date,
                 max_documents_per_event=self.max_documents_per_event)
+        # An owner's most urgent documents only: the rest stay unmarked, due next cycle.
+        cap = self.max_documents_per_event
+        document_ids = sorted(doc for owner in owners for doc in owner.document_ids[:cap])
         with transaction.atomic(using=self.using, durable=True):
             # The rules run inside the claim statement (they mirror rules.decide, tested
-            # alike), so no document travels to the worker and back.
+            # alike), so no document travels to the worker and back (only the due
+            # documents' ids, from the due-owners pass).
             return store.claim_batch(
-                self.using, owner_ids, self.window, self.settings.thresholds, self.as_of_date,
+                self.using, document_ids, self.window, self.settings.thresholds, self.as_of_date,
                 run_id=self.result.run_id, as_of=self.as_of, extra_headers=self.extra_headers,
-                max_documents_per_event=self.max_documents_per_event,
             )
 
     def _account(self, outcome: store.BatchClaim, *, owners: int) -> None:

@@ -87,6 +87,17 @@ def window_census(
     return int(row[0]), int(row[1])
 
 
+class DueOwner(NamedTuple):
+    """An owner with due documents, as the due-owners pass lists them."""
+
+    owner_user_id: uuid.UUID
+    first_due_expiry: datetime
+    due_documents: int
+    # its due documents' ids as text, most urgent first (UTC expiry date, id): the claim
+    # reads them by primary key
+    document_ids: list[str]
+
+
 class DueOwners:
     """The due owners of a cycle, most urgent first, and the window's census, from one held
     server-side cursor.
@@ -105,17 +116,17 @@ class DueOwners:
         self.due_documents = int(first[4]) if first else 0
         self._done = not self.due_documents
 
-    def fetch(self, size: int) -> list[tuple[uuid.UUID, datetime, int]]:
-        """Up to `size` more `(owner, first due expiry, due documents)`; empty at the end."""
+    def fetch(self, size: int) -> list[DueOwner]:
+        """Up to `size` more due owners; empty at the end."""
         if self._done:
             return []
         chunk = self._pending or [tuple(r) for r in self._cursor.fetchmany(size)]
         self._pending = []
-        rows: list[tuple[uuid.UUID, datetime, int]] = []
+        rows: list[DueOwner] = []
         for row in chunk:
             if int(row[2]) == 0:
                 break
-            rows.append((row[0], row[1], int(row[2])))
+            rows.append(DueOwner(row[0], row[1], int(row[2]), list(row[5])))
         self._done = len(rows) < len(chunk) or not chunk
         return rows
 
@@ -159,7 +170,7 @@ def batch_documents(
 
 def claim_batch(
     using: str,
-    owner_ids: Sequence[uuid.UUID],
+    document_ids: Sequence[str],
     window: Window,
     thresholds: Sequence[int],
     as_of_date: date,
@@ -167,13 +178,14 @@ def claim_batch(
     run_id: uuid.UUID,
     as_of: datetime,
     extra_headers: dict[str, str] | None = None,
-    max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT,
 ) -> BatchClaim:
-    """For a batch of owners, in one statement: decide, insert the markers (insert-wins; a
-    marker of an earlier expiry date is re-armed in place) and one outbox row per owner whose
-    t* was won. No document row travels to the worker and back."""
+    """For a batch of owners, given by their due documents (whole owners: each one's
+    `DueOwner.document_ids`, at most `events.MAX_DOCUMENTS_PER_EVENT` of them, the caller
+    caps), in one statement: decide, insert the markers
+    (insert-wins; a marker of an earlier expiry date is re-armed in place) and one outbox row
+    per owner whose t* was won. No document row travels to the worker and back."""
     params: dict[str, Any] = {
-        "owner_ids": list(owner_ids),
+        "document_ids": list(document_ids),
         **_window_params(window, thresholds, as_of_date),
         "run_id": run_id,
         "reminded_at": events.format_instant(as_of),
@@ -182,7 +194,6 @@ def claim_batch(
         "contract_version": events.CONTRACT_VERSION,
         "topic": events.TOPIC,
         "extra_headers": json.dumps(extra_headers) if extra_headers else None,
-        "max_documents_per_event": max_documents_per_event,
         "unknown_type": events.UNKNOWN_DOCUMENT_TYPE,
     }
     with server_cursor(using) as cur:

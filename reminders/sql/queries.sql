@@ -26,13 +26,14 @@ where d.status = 'Active'
   and d.expires_at >= %(window_start)s
   and d.expires_at < %(window_end)s;
 
--- due_owners: in one pass over the window, every owner with a window document, due owners first (most urgent first), each row carrying the window's census
+-- due_owners: in one pass over the window, every owner with a window document, due owners first (most urgent first), each row carrying the window's census and the ids of the owner's due documents
 with window_documents as materialized (
     -- due: more crossed thresholds (days_left <= t) than markers among them. The markers come
     -- by a join (parallel, one pass over the ledger), not a probe per document and threshold;
     -- width_bucket(x, ascending) counts the thresholds <= x, so n - width_bucket(left - 1)
     -- counts those >= left.
     select d.owner_user_id,
+           d.id,
            d.expires_at,
            cardinality(%(thresholds)s::int[])
            - width_bucket((d.expires_at at time zone 'UTC')::date - %(as_of_date)s::date - 1,
@@ -55,13 +56,21 @@ owners as (
     select owner_user_id,
            min(expires_at) filter (where due) as first_due_expiry,
            count(*) filter (where due) as due_documents,
-           count(*) as window_documents
+           count(*) as window_documents,
+           -- the claim reads these by primary key: an owner's other documents (out of the
+           -- window, archived, deleted: three in four at steady 10M) are never fetched. Most
+           -- urgent first (UTC expiry date, id): the cycle keeps an owner's first
+           -- max_documents_per_event (plan.most_urgent_per_owner's order). As text: the
+           -- worker only slices and passes them back (no UUID object a document).
+           array_agg(id::text order by (expires_at at time zone 'UTC')::date, id)
+               filter (where due) as due_document_ids
     from window_documents
     group by owner_user_id
 )
 select owner_user_id, first_due_expiry, due_documents,
        sum(window_documents) over () as window_documents,
-       sum(due_documents) over () as window_due_documents
+       sum(due_documents) over () as window_due_documents,
+       due_document_ids
 from owners
 order by due_documents = 0, first_due_expiry, owner_user_id;
 
@@ -73,32 +82,53 @@ select d.id,
        (d.expires_at at time zone 'UTC')::date as expires_on,
        coalesce(m.thresholds, '{}'::int[]) as marked_thresholds,
        coalesce(m.expiry_dates, '{}'::date[]) as marked_for
-from person_documents d
+from unnest(%(owner_ids)s::uuid[]) as o(owner_user_id)
+-- owner by owner through the owner index (not `owner_user_id = any(...)`: see claim_batch)
+join lateral (
+    select d.id, d.owner_user_id, d.type, d.number_mask, d.expires_at
+    from person_documents d
+    where d.owner_user_id = o.owner_user_id
+      and d.status = 'Active'
+      and d.deleted_at is null
+      and d.expires_at is not null
+      and d.expires_at >= %(window_start)s
+      and d.expires_at < %(window_end)s
+) d on true
 left join lateral (
     select array_agg(r.threshold_days order by r.threshold_days) as thresholds,
            array_agg(r.expires_at order by r.threshold_days) as expiry_dates
     from document_expiry_reminders r
     where r.document_id = d.id
 ) m on true
-where d.owner_user_id = any(%(owner_ids)s::uuid[])
-  and d.status = 'Active'
-  and d.deleted_at is null
-  and d.expires_at is not null
-  and d.expires_at >= %(window_start)s
-  and d.expires_at < %(window_end)s
 order by d.owner_user_id, d.id;
 
--- claim_batch: for a batch of owners, in one statement: their window documents and markers, the rules (as reminders.rules.decide), the markers (insert-wins, in document/threshold order), one outbox row per owner whose t* this statement won, and the notified items for the log
+-- claim_batch: for a batch of owners, in one statement: their due documents (by id, from due_owners) and markers, the rules (as reminders.rules.decide), the markers (insert-wins, in document/threshold order), one outbox row per owner whose t* this statement won, and the notified items for the log
 with docs as materialized (
     -- marked: the thresholds marked for the current expiry date; stale: those marked for
     -- another date (renewed or corrected), which count for nothing and are re-armed in place.
     -- One index probe a document. (A join to the ledger gets planned as a scan of the whole
     -- ledger once it is large, for every batch.) All probes run before the insert below,
     -- whose sort reads every planned row first.
+    -- The documents are the batch owners' due documents as due_owners listed them (at most
+    -- max_documents_per_event an owner, the most urgent: the cycle caps them), read by
+    -- primary key, one probe each, and checked against the window again (the row may have
+    -- changed since). Not `owner_user_id = any(...)`: the planner ANDed the owner index with
+    -- a range scan of the expiry index over the whole window (280,000 entries at steady 10M)
+    -- for every batch, and the owner index fetches every document of the owner.
     select d.id, d.owner_user_id, d.type, d.number_mask, e.expires_on,
            coalesce(m.marked, '{}'::int[]) as marked,
            coalesce(m.stale, '{}'::int[]) as stale
-    from person_documents d
+    from unnest(%(document_ids)s::uuid[]) as o(id)
+    join lateral (
+        select d.id, d.owner_user_id, d.type, d.number_mask, d.expires_at
+        from person_documents d
+        where d.id = o.id
+          and d.status = 'Active'
+          and d.deleted_at is null
+          and d.expires_at is not null
+          and d.expires_at >= %(window_start)s
+          and d.expires_at < %(window_end)s
+    ) d on true
     cross join lateral (select (d.expires_at at time zone 'UTC')::date as expires_on) e
     left join lateral (
         select array_agg(r.threshold_days) filter (where r.expires_at = e.expires_on) as marked,
@@ -106,12 +136,6 @@ with docs as materialized (
         from document_expiry_reminders r
         where r.document_id = d.id
     ) m on true
-    where d.owner_user_id = any(%(owner_ids)s::uuid[])
-      and d.status = 'Active'
-      and d.deleted_at is null
-      and d.expires_at is not null
-      and d.expires_at >= %(window_start)s
-      and d.expires_at < %(window_end)s
 ),
 remaining as (
     -- crossed thresholds (days_left <= t) that have no marker for the current expiry date
@@ -122,23 +146,12 @@ remaining as (
     where docs.expires_on - %(as_of_date)s::date <= t.threshold_days
       and t.threshold_days <> all(docs.marked)
 ),
-capped as (
-    -- at most %(max_documents_per_event)s due documents per owner, most urgent first (as
-    -- cycle.most_urgent_per_owner): the rest stay unmarked, due again in the next cycle
-    select ranked.id
-    from (select due.id,
-                 row_number() over (partition by due.owner_user_id
-                                    order by due.expires_on, due.id) as urgency
-          from (select distinct id, owner_user_id, expires_on from remaining) due) ranked
-    where ranked.urgency <= %(max_documents_per_event)s
-),
 planned as (
     -- mark every remaining threshold; notify t* = min(remaining) unless a smaller one is marked (stale)
     select r.id, r.owner_user_id, r.type, r.expires_on, r.threshold_days, r.rearm,
            r.threshold_days = min(r.threshold_days) over (partition by r.id)
            and not (r.threshold_days > any(r.marked)) as notified
     from remaining r
-    where r.id in (select id from capped)
 ),
 claimed as (
     insert into document_expiry_reminders

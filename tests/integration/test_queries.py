@@ -16,7 +16,8 @@ TODAY = date(2026, 11, 29)
 WINDOW = scan_window(TODAY, (30, 7, 1, 0), 90)
 SAMPLE = {
     "window_start": WINDOW.start, "window_end": WINDOW.end, "thresholds": [30, 7, 1, 0],
-    "as_of_date": TODAY, "owner_ids": [uuid.uuid4()], "cutoff": TODAY, "chunk": 10,
+    "as_of_date": TODAY, "owner_ids": [uuid.uuid4()], "document_ids": [uuid.uuid4()],
+    "cutoff": TODAY, "chunk": 10,
     "m_document_ids": [uuid.uuid4()], "m_owner_ids": [uuid.uuid4()], "m_types": ["Visa"],
     "m_expires_on": [TODAY], "m_thresholds": [7], "m_notified": [True],
     "i_document_ids": [uuid.uuid4()], "i_types": ["Visa"], "i_number_masks": [None],

@@ -13,7 +13,8 @@ FIRST = datetime(2026, 12, 1, tzinfo=UTC)
 
 
 class FakeCursor:
-    """The due_owners rows: (owner, first due expiry, due documents, window, window due)."""
+    """The due_owners rows: (owner, first due expiry, due documents, window, window due,
+    due document ids)."""
 
     def __init__(self, rows: list[tuple[Any, ...]]) -> None:
         self.rows = rows
@@ -27,8 +28,9 @@ class FakeCursor:
 
 def _rows(due: list[int], not_due: int) -> list[tuple[Any, ...]]:
     window, total = sum(due) + not_due * 2, sum(due)
-    return ([(uuid.uuid4(), FIRST, n, window, total) for n in due]
-            + [(uuid.uuid4(), None, 0, window, total) for _ in range(not_due)])
+    return ([(uuid.uuid4(), FIRST, n, window, total, [str(uuid.uuid4()) for _ in range(n)])
+             for n in due]
+            + [(uuid.uuid4(), None, 0, window, total, None) for _ in range(not_due)])
 
 
 @pytest.mark.parametrize("batch_size", [1, 2, 3, 10])
@@ -40,6 +42,8 @@ def test_due_owners_stop_at_the_first_owner_with_nothing_due(batch_size: int) ->
 
     assert (due.window_documents, due.due_documents) == (16, 8)
     assert [owner for batch in batches for owner in batch.owner_ids] == [r[0] for r in rows[:5]]
+    assert [owner.document_ids for batch in batches for owner in batch.owners] == [
+        r[5] for r in rows[:5]]
     assert sum(batch.documents for batch in batches) == 8
     assert all(batch.documents <= batch_size or len(batch.owner_ids) == 1 for batch in batches)
 
