@@ -39,6 +39,7 @@ from tests.support.relay_support import (
     first_seen_order,
     insert_outbox,
     outbox_state,
+    relay_lock_holders,
     relay_settings,
     unpublished_count,
     wait_for,
@@ -91,21 +92,13 @@ def positions(rows: list[Row]) -> list[tuple[str, int]]:
     return [found[r.id] for r in rows]
 
 
-def recorded_batches() -> list[tuple[str, int, int]]:
+def batches_after(start: store.Position) -> list[tuple[str, int, int]]:
+    """The batches recorded past `start` (the batches table outlives a test's rows)."""
     with connection.cursor() as cursor:
         cursor.execute("select upto_txid::text, upto_seq, messages from outbox_relay_batches"
-                       " order by upto_txid, upto_seq")
+                       " where (upto_txid, upto_seq) > (%s::xid8, %s)"
+                       " order by upto_txid, upto_seq", list(start))
         return [(r[0], int(r[1]), int(r[2])) for r in cursor.fetchall()]
-
-
-def relay_lock_holders() -> list[int]:
-    with connection.cursor() as cursor:
-        cursor.execute("select pid from pg_locks where locktype = 'advisory' and granted"
-                       " and database = (select oid from pg_database"
-                       "                 where datname = current_database())"
-                       " and classid = %s and objid = %s and objsubid = 1",
-                       [store.RELAY_LOCK >> 32, store.RELAY_LOCK & 0xFFFF_FFFF])
-        return [int(r[0]) for r in cursor.fetchall()]
 
 
 HOLD_LOCK = 4_242_002
@@ -170,6 +163,7 @@ def test_a_position_moved_while_batches_await_their_reports_stands_the_relay_dow
     leader sends again what lies after the position it finds (at least once)."""
     rows = [insert_outbox(f"key-{n}", created_at=BASE_TIME, seq=n) for n in range(8)]
     places = positions(rows)
+    start = store.read_position("default")
     settings = relay_settings(kafka.bootstrap_servers, batch_size=4,
                               delivery_timeout=timedelta(seconds=30))
     kafka.set_down()
@@ -200,7 +194,7 @@ def test_a_position_moved_while_batches_await_their_reports_stands_the_relay_dow
     assert stood_down == 1
     assert holders == []  # it resigned: the lock is free although its session is alive
     assert (stats.published, stats.batches) == (0, 0)
-    assert store.read_position("default") == moved_to and recorded_batches() == []
+    assert store.read_position("default") == moved_to and batches_after(start) == []
     # What it sent was delivered (it waited for its reports before standing down).
     assert copies_on_topic(kafka.bootstrap_servers) == dict.fromkeys(ids(rows), 1)
 
@@ -421,6 +415,7 @@ def test_one_broker_down_stops_the_position_before_the_row_with_no_report_and_dr
     first = [insert_outbox(k, created_at=BASE_TIME) for k in (up_keys[0], down_key, up_keys[1])]
     behind = [insert_outbox(k, created_at=BASE_TIME) for k in up_keys[2:]]
     places = positions(first)
+    start = store.read_position("default")
     kafka.set_down(kafka.broker_ids[0])
     settings = relay_settings(kafka.bootstrap_servers, batch_size=3,
                               delivery_timeout=timedelta(seconds=3))
@@ -432,7 +427,7 @@ def test_one_broker_down_stops_the_position_before_the_row_with_no_report_and_dr
 
     assert (outcome.published, outcome.released) == (1, 2 + len(behind))
     assert store.read_position("default") == places[0]
-    assert recorded_batches() == [(*places[0], 1)]
+    assert batches_after(start) == [(*places[0], 1)]
     published = {r["id"] for r in outbox_state() if r["published_at"] is not None}
     assert published == {first[0].id}
 
