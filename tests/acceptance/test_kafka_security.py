@@ -207,8 +207,8 @@ def assert_refused_in_one_line(done_stderr: str, *, expect: str) -> None:
 
 
 def assert_nothing_touched() -> None:
-    """No row published, none leased, no attempt counted."""
-    assert all(r["published_at"] is None and r["claimed_by"] is None and r["attempts"] == 0
+    """No row published (the position passed none), none detoured, no attempt counted."""
+    assert all(r["published_at"] is None and r["detoured_at"] is None and r["attempts"] == 0
                for r in outbox_state())
 
 
