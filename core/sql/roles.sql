@@ -15,6 +15,12 @@ begin
 end
 $$;
 
+-- Each role finds the schema without the connection's `options` (a pooler such as PgBouncer
+-- does not pass them on).
+alter role pin_reminder_worker set search_path = profile, public;
+alter role pin_outbox_relay set search_path = profile, public;
+alter role pin_admin_web set search_path = profile, public;
+
 -- The reminder worker: reads only the open columns of person_documents (payload_cipher is
 -- unreadable, the table unwritable), owns the ledger and the run history, appends to the outbox.
 grant usage on schema profile to pin_reminder_worker;
