@@ -57,6 +57,8 @@ create function profile.outbox_stream_settle(
 declare
     pos record;
     newest xid8;
+    next_id xid8;
+    oldest_running xid8;
 begin
     this_system := (select c.system_identifier from pg_control_system() c);
     select p.* into pos from profile.outbox_relay_position p;
@@ -68,24 +70,32 @@ begin
     moved := false;
     recorded_system := pos.system_identifier;
     txid_offset := pos.txid_offset;
-    newest := greatest(pos.txid, (select max(m.txid) from profile.outbox_messages m));
+    -- One statement, one snapshot: the newest stored id, and what lies past every id that
+    -- snapshot can see (one past the newest completed transaction, or past this one's own id,
+    -- whose rows it sees already).
+    select greatest(pos.txid, (select max(m.txid) from profile.outbox_messages m)),
+           greatest(pg_snapshot_xmax(pg_current_snapshot()),
+                    profile.outbox_xid8_add(pg_current_xact_id_if_assigned(), 1)),
+           pg_snapshot_xmin(pg_current_snapshot())
+    into newest, next_id, oldest_running;
     -- The usual case: the cluster the ids were stamped on, every stored id behind its next one.
     if pos.system_identifier = this_system
-       and newest < profile.outbox_xid8_add(pg_snapshot_xmax(pg_current_snapshot()),
-                                            pos.txid_offset) then
+       and newest < profile.outbox_xid8_add(next_id, pos.txid_offset) then
         return;
     end if;
     select p.* into pos from profile.outbox_relay_position p for update;
     recorded_system := pos.system_identifier;
     txid_offset := pos.txid_offset;
-    newest := greatest(pos.txid, (select max(m.txid) from profile.outbox_messages m));
+    select greatest(pos.txid, (select max(m.txid) from profile.outbox_messages m)),
+           greatest(pg_snapshot_xmax(pg_current_snapshot()),
+                    profile.outbox_xid8_add(pg_current_xact_id_if_assigned(), 1)),
+           pg_snapshot_xmin(pg_current_snapshot())
+    into newest, next_id, oldest_running;
     if pos.system_identifier = this_system then
         -- Another statement recorded the move meanwhile, or the same cluster's ids are ahead.
-        if newest >= profile.outbox_xid8_add(pg_snapshot_xmax(pg_current_snapshot()),
-                                             pos.txid_offset) then
+        if newest >= profile.outbox_xid8_add(next_id, pos.txid_offset) then
             raise exception 'the outbox stream is ahead of this cluster''s transaction ids on the cluster it was written on (stored % >= next %): the position or a row''s txid was edited',
-                newest, profile.outbox_xid8_add(pg_snapshot_xmax(pg_current_snapshot()),
-                                                pos.txid_offset)
+                newest, profile.outbox_xid8_add(next_id, pos.txid_offset)
                 using errcode = 'OB001',
                       hint = 'see docs/runbooks/outbox-backlog.md, "The stream is ahead of its cluster"';
         end if;
@@ -94,10 +104,8 @@ begin
     moved := true;
     -- A transaction running now may stamp its rows later: its id is at least the snapshot's
     -- xmin, so the offset lifts xmin itself above the newest stored id.
-    if newest >= profile.outbox_xid8_add(pg_snapshot_xmin(pg_current_snapshot()),
-                                         pos.txid_offset) then
-        txid_offset := (newest::text::numeric + 1
-                        - pg_snapshot_xmin(pg_current_snapshot())::text::numeric)::bigint;
+    if newest >= profile.outbox_xid8_add(oldest_running, pos.txid_offset) then
+        txid_offset := (newest::text::numeric + 1 - oldest_running::text::numeric)::bigint;
         rebased := true;
     end if;
     update profile.outbox_relay_position p

@@ -1,10 +1,13 @@
 """The outbox stream across the moves a database makes in its life, with real clusters and the
-real commands: a dump restored into a new cluster, a logical-replication cut-over, pg_upgrade.
+real commands: a dump restored into a new cluster, a logical-replication cut-over, pg_upgrade,
+a promoted standby and a point-in-time restore.
 The old cluster's transaction ids are far ahead of the new one's (its xid epoch is raised, as
 years of traffic raise it): every event written after the move must reach the topic all the
 same, and nothing delivered before it is sent again (docs/outbox-relay.md, "The stream on a new
 cluster")."""
 
+import os
+import shutil
 from collections import Counter
 from datetime import UTC, datetime, timedelta
 
@@ -168,3 +171,74 @@ def test_pg_upgrade_keeps_the_ids_and_the_stream_goes_on_without_a_re_base(
         assert new.sql(DATABASE, "select txid_offset, previous_system_identifier"
                                  " from profile.outbox_relay_position") == [(0, old_system)]
         assert "Relay pass: " in said
+
+
+def test_a_promoted_standby_goes_on_with_the_stream_as_its_primary_left_it(
+    kafka: MockKafkaCluster,
+) -> None:
+    with clusters("primary", "standby", settings=["wal_level=replica"]) as (primary, standby):
+        primary.init(xid_epoch=3).start()
+        new_database(primary, DATABASE, owners=OWNERS)
+        remind(primary, days_ago(20))
+        publish(primary, kafka)
+        standby.run("pg_basebackup", "-D", str(standby.data), "-R", "-X", "stream",
+                    "-d", primary.url())
+        standby.start()
+        remind(primary, days_ago(15))  # replicated, not yet published
+        written = event_ids(primary)
+        wait_for(lambda: event_ids(standby) == written, timeout=60, what="the standby to replay")
+        primary.run("pg_ctl", "-D", str(primary.data), "-m", "immediate", "-w", "stop")
+        standby.run("pg_ctl", "-D", str(standby.data), "-w", "promote")
+        remind(standby, days_ago(0))
+        publish(standby, kafka)
+
+        assert unpublished(standby) == 0
+        assert_delivered_once(kafka, event_ids(standby))
+        assert event_ids(standby) > written
+        assert standby.sql(DATABASE, "select txid_offset, previous_system_identifier"
+                                     " from profile.outbox_relay_position") == [(0, None)]
+
+
+def test_a_point_in_time_restore_sends_again_what_came_after_that_point_and_loses_nothing(
+    kafka: MockKafkaCluster,
+) -> None:
+    with clusters("live", "restored") as (live, restored):
+        archive = live.dir / "archive"
+        archive.mkdir()
+        if os.geteuid() == 0:
+            shutil.chown(archive, "postgres")
+        live.settings += ["wal_level=replica", "archive_mode=on",
+                          f"archive_command='cp %p {archive}/%f'"]
+        live.init(xid_epoch=3).start()
+        new_database(live, DATABASE, owners=OWNERS)
+        remind(live, days_ago(20))
+        publish(live, kafka)
+        restored.run("pg_basebackup", "-D", str(restored.data), "-X", "stream", "-d", live.url())
+        remind(live, days_ago(15))
+        written_before_the_point = event_ids(live)
+        live.sql(DATABASE, "select pg_create_restore_point('before_the_relay_pass')")
+        publish(live, kafka)  # delivered after the point: the restore forgets that it was
+        remind(live, days_ago(10))  # written after the point: lost with the restore
+        live.sql(DATABASE, "select pg_switch_wal()")
+        wait_for(lambda: not live.sql("postgres", "select 1 from pg_stat_archiver"
+                                                  " where last_archived_wal is null"
+                                                  " or last_failed_time > last_archived_time"),
+                 timeout=60, what="the WAL archived")
+        live.stop()
+        (restored.data / "recovery.signal").touch()
+        with (restored.data / "postgresql.auto.conf").open("a") as conf:
+            conf.write(f"restore_command = 'cp {archive}/%f %p'\n"
+                       "recovery_target_name = 'before_the_relay_pass'\n"
+                       "recovery_target_action = 'promote'\n")
+        restored.start()
+        wait_for(lambda: not restored.sql("postgres", "select pg_is_in_recovery()")[0][0],
+                 timeout=60, what="the restore to end")
+        assert event_ids(restored) == written_before_the_point
+        remind(restored, days_ago(10))  # the lost day, written again
+        publish(restored, kafka)
+
+        assert unpublished(restored) == 0
+        seen = on_topic(kafka)
+        assert event_ids(restored) <= set(seen)  # nothing lost; sent again is allowed
+        assert restored.sql(DATABASE, "select txid_offset from"
+                                      " profile.outbox_relay_position") == [(0,)]
