@@ -32,7 +32,8 @@ from tests.support.relay_support import (
 )
 
 BEFORE = ("outbox", "0004_merge_0003_relay_claims_0003_requeue_permission")
-AFTER = ("outbox", "0005_stream_position")
+# The newest outbox migration: 0005 and every one after it (the relay needs them all).
+AFTER = ("outbox", "0006_stream_cluster")
 
 
 def migrate(target: tuple[str, str]) -> None:

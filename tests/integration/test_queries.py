@@ -35,7 +35,7 @@ SAMPLE = {
     "retention": timedelta(days=7), "limit": 10, "all": False,
     "after_txid": "1", "after_seq": 0, "from_txid": "1", "from_seq": 0, "upto_txid": "2",
     "upto_seq": 5, "published_at": datetime(2026, 11, 29, 3, 0, tzinfo=UTC), "messages": 5,
-    "attempted": [True],
+    "attempted": [True], "leader_pid": 1,
     "lock": 1,
 }
 # Every named query of the project, as "file stem: name".

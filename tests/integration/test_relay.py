@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from django.db import connection
 
+from core.db import raw_connection
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from outbox import store
@@ -200,13 +201,15 @@ def test_only_one_relay_leads_at_a_time_and_resigning_hands_over(transactional_d
     other = psycopg.connect(test_database_url(), autocommit=True)
     try:
         with as_relay():
-            assert store.try_to_lead("default") is True
+            pid = store.try_to_lead("default")
+            assert pid is not None
+            assert pid == raw_connection("default").info.backend_pid  # the one holding the lock
             assert other.execute("select pg_try_advisory_lock(%s)",
                                  [store.RELAY_LOCK]).fetchone() == (False,)
             store.resign("default")
             assert other.execute("select pg_try_advisory_lock(%s)",
                                  [store.RELAY_LOCK]).fetchone() == (True,)
-            assert store.try_to_lead("default") is False
+            assert store.try_to_lead("default") is None
     finally:
         other.close()
 
