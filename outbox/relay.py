@@ -450,10 +450,10 @@ class Relay:
         self._check_refused()
         if not self.lead():
             return total
-        self._settle()
         total.merge(self._publish_slow())
         if total.broker_unavailable or self.stop.is_set():
             return total
+        self._settle()
         stream = _Stream(store.read_position(self.using))
         try:
             return self._run_stream(stream, total)
