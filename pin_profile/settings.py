@@ -160,10 +160,8 @@ def https_settings(secure: bool) -> tuple[bool, int, bool, bool, bool]:
     )
 
 
-# The admin over HTTPS (a TLS proxy in front passes X-Forwarded-Proto to gunicorn): with DEBUG
-# off, secure cookies, the redirect and HSTS are the defaults, as in cookiecutter-django's
-# production settings; a plain-HTTP setup turns each off by its variable
-# (docs/configuration.md). The worker and the relay serve no pages: none of this matters to them.
+# Secure by default, as cookiecutter-django's production settings: the admin is served over
+# HTTPS behind a TLS proxy; a plain-HTTP setup turns each off (docs/configuration.md).
 (SECURE_SSL_REDIRECT, SECURE_HSTS_SECONDS, SECURE_HSTS_INCLUDE_SUBDOMAINS, SECURE_HSTS_PRELOAD,
  SESSION_COOKIE_SECURE) = https_settings(secure=not DEBUG)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE

@@ -157,9 +157,8 @@ class Cycle:
             result.skipped_already_marked = result.window_documents - result.due_documents
             result.status = self._remind_due_owners(ledger, due)
         if result.status in (ReminderRun.Status.SUCCEEDED, ReminderRun.Status.TIMED_OUT):
-            # Timed out too: were every cycle to time out, the ledger would grow without bound.
-            # Stopped by a signal: the prune is left to the next cycle.
-            # The rest of the cycle's budget, and at least a budget of its own.
+            # Timed out too, or a ledger whose every cycle times out grows without bound; the
+            # prune gets the rest of the cycle's budget, and at least a budget of its own.
             until = max(self._deadline,
                         self.clock() + self.settings.prune_budget.total_seconds())
             result.pruned = ledger.prune(self.stop, lambda: self.clock() >= until)
