@@ -24,7 +24,7 @@ from reminders.config import ReminderSettings
 from reminders.models import SUCCESSFUL_STATUSES
 from reminders.result import CycleResult
 
-logger = logging.getLogger("reminders.cycle")
+logger = logging.getLogger("reminders.cycle")  # what the ledger does is logged as the cycle's doing
 
 ABANDONED_AFTER_MIN = timedelta(hours=1)
 
