@@ -16,6 +16,11 @@ topic: the cold cycle again from the same ledger, then one pass of the relay
 (`publish_outbox`, as its role) to librdkafka's mock cluster (or the broker at
 `--bootstrap`), each timed, and the events counted on the topic. Prints a table and writes
 JSON (bench/results/latest.json). docs/performance.md explains the figures.
+
+With `--stale-statistics`, a cold cycle first runs at once on the data just loaded, with no
+ANALYZE of any table (and autovacuum kept off person_documents meanwhile), as after a bulk
+import; then the tables are analyzed and every phase runs as usual, so that the same run has
+the stale cycle next to the analyzed one (issue 22).
 """
 
 import argparse
@@ -87,6 +92,8 @@ class BenchConfig:
     worker_env: dict[str, str] = field(default_factory=dict)
     pipeline: bool = True
     bootstrap: str | None = None  # a running broker for the pipeline; None: a mock cluster
+    documents_per_owner: int = dataset.DOCUMENTS_PER_OWNER
+    stale_statistics: bool = False  # first a cold cycle on the data as loaded, never analyzed
 
     def __post_init__(self) -> None:
         self.database = self.database or f"pin_profile_bench_{self.shape}"
@@ -112,6 +119,7 @@ class Phase:
     events: int | None = None
     due_per_second: float | None = None
     ratio_to_floor: float | None = None
+    ratio_to_analyzed: float | None = None  # the stale cycle against the analyzed cold cycle
     peak_rss_mb: float | None = None
     worker_cpu_seconds: float | None = None
     wall_seconds: float | None = None
@@ -141,7 +149,10 @@ def window_params(config: BenchConfig, as_of: datetime) -> dict[str, Any]:
 # --- the data set -----------------------------------------------------------------------------
 
 def _dataset_tag(config: BenchConfig) -> str:
-    return f"{config.shape}:{config.documents}:{config.seed}:{config.as_of.date().isoformat()}"
+    per_owner = ("" if config.documents_per_owner == dataset.DOCUMENTS_PER_OWNER
+                 else f":{config.documents_per_owner}-per-owner")
+    return (f"{config.shape}:{config.documents}:{config.seed}:{config.as_of.date().isoformat()}"
+            f"{per_owner}")
 
 
 def _existing_tag(config: BenchConfig) -> str | None:
@@ -166,8 +177,11 @@ def build_database(config: BenchConfig) -> Phase:
         conn.execute(PERSON_DOCUMENTS_SQL.read_text(encoding="utf-8").encode())
         conn.execute(ROLES_SQL.read_text(encoding="utf-8").encode())
         rows = dataset.document_rows(dataset.shape_named(config.shape), config.documents,
-                                     config.as_of.date(), config.seed)
-        copied = dataset.copy_documents(conn, rows)
+                                     config.as_of.date(), config.seed, config.documents_per_owner)
+        if config.stale_statistics:
+            # no analyze of it until the stale cycle is over, by the bench or by autovacuum
+            conn.execute("alter table person_documents set (autovacuum_enabled = off)")
+        copied = dataset.copy_documents(conn, rows, analyze=not config.stale_statistics)
         conn.execute("create table public.bench_dataset (tag text not null)")
         conn.execute("insert into public.bench_dataset values (%s)", (_dataset_tag(config),))
     seconds = time.perf_counter() - started
@@ -205,9 +219,11 @@ class _Activity:
         return phase
 
 
-def _quiet(conn: psycopg.Connection[Any]) -> None:
-    """Start each timed phase level: statistics fresh, dirty pages flushed."""
-    conn.execute("vacuum analyze document_expiry_reminders, outbox_messages")
+def _quiet(conn: psycopg.Connection[Any], *, analyze: bool = True) -> None:
+    """Start each timed phase level: statistics fresh (unless not `analyze`: the stale phase),
+    dirty pages flushed."""
+    if analyze:
+        conn.execute("vacuum analyze document_expiry_reminders, outbox_messages")
     conn.execute("checkpoint")
 
 
@@ -217,8 +233,10 @@ def explain_candidates(conn: psycopg.Connection[Any], params: dict[str, Any]) ->
     worker_queries = load(WORKER_SQL)
     nodes: list[str] = []
     for name in ("due_owners",):
-        conn.execute("set jit = off")  # as the worker's session does
-        plan = _one(conn, f"explain (format json) {worker_queries[name]}", params)
+        with conn.transaction(force_rollback=True):  # the worker's session, as store sets it
+            conn.execute(worker_queries["tune_session"])
+            conn.execute(worker_queries["due_owners_plan"])
+            plan = _one(conn, f"explain (format json) {worker_queries[name]}", params)
         nodes += [f"{name}: {node}" for node in _scan_nodes(plan[0][0]["Plan"])]
     uses_index = any(CANDIDATE_INDEX in n for n in nodes)
     full_scan = any("Seq Scan on person_documents" in n for n in nodes)
@@ -277,8 +295,9 @@ def run_floor(conn: psycopg.Connection[Any], config: BenchConfig, as_of: datetim
 
 
 def run_worker_phase(conn: psycopg.Connection[Any], config: BenchConfig, name: str, *,
-                     as_of: datetime, logs: Path, floor: Phase | None) -> Phase:
-    _quiet(conn)
+                     as_of: datetime, logs: Path, floor: Phase | None,
+                     analyze: bool = True) -> Phase:
+    _quiet(conn, analyze=analyze)
     uses_index, full_scan, plan = explain_candidates(conn, window_params(config, as_of))
     env = dict(config.worker_env)
     if config.batch_size:
@@ -301,6 +320,22 @@ def run_worker_phase(conn: psycopg.Connection[Any], config: BenchConfig, name: s
         status=f"{run.status} (exit {run.returncode})" if run.returncode or run.status != "succeeded"
         else "succeeded",
     ))
+
+
+def run_stale_phase(conn: psycopg.Connection[Any], config: BenchConfig, as_of: datetime,
+                    logs: Path, log: Any) -> Phase:
+    """The cold cycle at once on the data as loaded, no table ever analyzed (the ledger with
+    its renewal markers, the outbox empty); its output kept for the comparison with the floor,
+    then every table analyzed for the phases after it."""
+    seeded = seed_renewed_markers(conn, config, as_of)
+    log(f"stale statistics: cold cycle, no table analyzed ({seeded:,} markers to re-arm) ...")
+    stale = run_worker_phase(conn, config, "stale statistics: cold", as_of=as_of, logs=logs,
+                             floor=None, analyze=False)
+    log(f"  {stale.seconds:.1f} s ({stale.status})")
+    conn.execute(bench_query("save_stale"))
+    conn.execute("alter table person_documents reset (autovacuum_enabled)")
+    conn.execute("vacuum analyze person_documents")
+    return stale
 
 
 def run_prune_phase(conn: psycopg.Connection[Any], as_of: datetime, logs: Path,
@@ -401,6 +436,8 @@ class BenchResult:
     phases: list[Phase]
     floor_check: dict[str, int]
     worker_equals_floor: bool
+    documents_per_owner: int = dataset.DOCUMENTS_PER_OWNER
+    stale_statistics: bool = False
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -411,7 +448,8 @@ def run_benchmark(config: BenchConfig, log: Any = print) -> BenchResult | None:
     as_of = config.as_of
     started_at = datetime.now(UTC).isoformat(timespec="seconds")
     phases: list[Phase] = []
-    if config.reuse and _existing_tag(config) == _dataset_tag(config):
+    # a stale run needs the data as loaded: never reused (an earlier run analyzed it)
+    if config.reuse and not config.stale_statistics and _existing_tag(config) == _dataset_tag(config):
         log(f"reusing {config.database} ({_dataset_tag(config)})")
     else:
         log(f"building {config.database}: {config.shape}, {config.documents:,} documents ...")
@@ -424,6 +462,10 @@ def run_benchmark(config: BenchConfig, log: Any = print) -> BenchResult | None:
         in_window = _one(conn, bench_query("window_documents"), params)
         log(f"{in_window[0]:,} documents in the window of {as_of.date()} "
             f"(of {config.documents:,})")
+        stale = run_stale_phase(conn, config, as_of, logs, log) if config.stale_statistics \
+            else None
+        if stale is not None:
+            phases.append(stale)
         log("floor ...")
         floor = run_floor(conn, config, as_of)
         phases.append(floor)
@@ -437,6 +479,15 @@ def run_benchmark(config: BenchConfig, log: Any = print) -> BenchResult | None:
                  "floor_markers": int(row[2]), "floor_events": int(row[3])}
         equal = check["markers_differing"] == 0 and check["events_differing"] == 0
         log(f"  {phases[-1].seconds:.1f} s; worker equals floor: {equal} {check}")
+        if stale is not None:
+            stale.ratio_to_floor = stale.seconds / floor.seconds if floor.seconds else None
+            cold = phases[-1]
+            stale.ratio_to_analyzed = stale.seconds / cold.seconds if cold.seconds else None
+            row = _one(conn, bench_query("compare_stale_with_floor"))
+            check.update(stale_markers_differing=int(row[0]), stale_events_differing=int(row[1]))
+            equal = equal and not row[0] and not row[1]
+            log(f"  stale / analyzed: {_fmt(stale.ratio_to_analyzed, '.2f')}x; the stale cycle "
+                f"equals the floor: {not row[0] and not row[1]} {check}")
         log("warm cycle ...")
         phases.append(run_worker_phase(conn, config, "warm cycle", as_of=as_of, logs=logs,
                                        floor=None))
@@ -458,6 +509,7 @@ def run_benchmark(config: BenchConfig, log: Any = print) -> BenchResult | None:
         host={"cpus": os.cpu_count(), "python": platform.python_version(),
               "postgres": _server_version(config), "load_at_end": os.getloadavg()},
         phases=phases, floor_check=check, worker_equals_floor=equal,
+        documents_per_owner=config.documents_per_owner, stale_statistics=config.stale_statistics,
     )
 
 
@@ -493,7 +545,8 @@ def format_table(result: BenchResult) -> str:
             f"{'re-armed':>8} "
             f"{'events':>8} {'due/s':>8} {'x floor':>7} {'RSS MB':>7} {'cpu s':>6} {'index':>5} "
             f"{'full scan':>9} {'WAL MB':>7} {'ckpts':>5} {'load':>5}  status")
-    lines = [f"{result.shape}: {result.documents:,} documents, as-of {result.as_of}, "
+    lines = [f"{result.shape}: {result.documents:,} documents"
+             f" ({result.documents_per_owner} per owner), as-of {result.as_of}, "
              f"batch size {result.batch_size}"
              + "".join(f", {k}={v}" for k, v in result.worker_env.items()), head, "-" * len(head)]
     for p in result.phases:
@@ -508,6 +561,8 @@ def format_table(result: BenchResult) -> str:
             f"{p.load[0]:>5.2f}  {p.status}"
         )
     lines.append(f"worker equals floor: {result.worker_equals_floor} {result.floor_check}")
+    lines += [f"{p.name}: {_fmt(p.ratio_to_analyzed, '.2f')}x the analyzed cold cycle"
+              for p in result.phases if p.ratio_to_analyzed is not None]
     pipeline = [p for p in result.phases if p.name.startswith("pipeline")]
     if pipeline:
         head = (f"{'pipeline':<24} {'seconds':>8} {'wall s':>7} {'due':>9} {'events':>8} "
@@ -547,6 +602,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="extra environment for the worker's cycles, e.g. LOG_LEVEL=WARNING")
     parser.add_argument("--no-pipeline", dest="pipeline", action="store_false",
                         help="skip the pipeline phase (cycle, then relay to Kafka)")
+    parser.add_argument("--documents-per-owner", type=int, default=dataset.DOCUMENTS_PER_OWNER,
+                        help="documents an owner has on average (default 3; 1: one each)")
+    parser.add_argument("--stale-statistics", action="store_true",
+                        help="first a cold cycle at once on the data as loaded, no table "
+                             "analyzed; then everything as usual, analyzed")
     parser.add_argument("--bootstrap", metavar="HOST:PORT",
                         help="the pipeline's broker (e.g. Tansu); default: librdkafka's "
                              "mock cluster in this process")
@@ -557,6 +617,7 @@ def main(argv: list[str] | None = None) -> int:
         as_of=datetime.combine(args.as_of, clock_time(0), tzinfo=UTC) if args.as_of
         else _yesterday(),
         batch_size=args.batch_size, reuse=args.reuse, build_only=args.build_only,
+        documents_per_owner=args.documents_per_owner, stale_statistics=args.stale_statistics,
         logs=args.logs, worker_env=dict(item.split("=", 1) for item in args.worker_env),
         pipeline=args.pipeline, bootstrap=args.bootstrap,
     )

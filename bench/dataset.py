@@ -55,18 +55,22 @@ def _hex_id(index: int, salt: int) -> str:
     return f"{((index * _MIX) ^ salt) & _MASK:032x}"
 
 
-def document_rows(shape: Shape, n: int, as_of_date: date, seed: int) -> Iterator[str]:
-    """The COPY text lines (COPY_COLUMNS order) of `n` documents, deterministic for `seed`."""
+def document_rows(shape: Shape, n: int, as_of_date: date, seed: int,
+                  documents_per_owner: int = DOCUMENTS_PER_OWNER) -> Iterator[str]:
+    """The COPY text lines (COPY_COLUMNS order) of `n` documents, deterministic for `seed`.
+    Owners are drawn at random among n / documents_per_owner; with 1, owner i has document i
+    (one document each, as a partner's import of one document an investor)."""
     rng = random.Random(seed)
-    owners = max(1, n // DOCUMENTS_PER_OWNER)
+    owners = max(1, n // documents_per_owner)
+    draw = (lambda i: i) if documents_per_owner == 1 else (lambda i: rng.randrange(owners))
     owner_salt, person_salt = rng.getrandbits(128), rng.getrandbits(128)
     days = {
         offset: (as_of_date + timedelta(days=offset)).isoformat()
         for offset in range(min(shape.first_day, -3000), shape.last_day + 1)
     }
     types, no_expiry_types = DOCUMENT_TYPES, NO_EXPIRY_TYPES
-    for _ in range(n):
-        owner = rng.randrange(owners)
+    for index in range(n):
+        owner = draw(index)
         seconds = rng.randrange(86_400)
         clock = f"{seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}+00"
         if shape.no_expiry and rng.random() < shape.no_expiry:
@@ -86,9 +90,12 @@ def document_rows(shape: Shape, n: int, as_of_date: date, seed: int) -> Iterator
         )
 
 
-def copy_documents(conn: psycopg.Connection[Any], lines: Iterator[str]) -> int:
+def copy_documents(conn: psycopg.Connection[Any], lines: Iterator[str], *,
+                   analyze: bool = True) -> int:
     """Empty person_documents and COPY `lines` into it, frozen, with its indexes rebuilt after:
-    building an index once is much faster than growing it row by row."""
+    building an index once is much faster than growing it row by row. Without `analyze`, the
+    table has no column statistics (building the indexes counted its rows), as right after a
+    bulk load that autovacuum has not analyzed yet."""
     count = 0
     with conn.transaction(), conn.cursor() as cur:
         cur.execute("truncate person_documents")
@@ -110,5 +117,6 @@ def copy_documents(conn: psycopg.Connection[Any], lines: Iterator[str]) -> int:
         cur.execute("set local maintenance_work_mem = '512MB'")
         cur.execute("alter table person_documents add primary key (id)")
         cur.execute(PERSON_DOCUMENTS_SQL.read_text(encoding="utf-8").encode())
-    conn.execute("vacuum analyze person_documents")
+    if analyze:
+        conn.execute("vacuum analyze person_documents")
     return count

@@ -66,8 +66,8 @@ def run_python(argv: list[str], database_url: str, log_path: Path,
     """Run `python <argv>` as the worker runs, and read its summary and peak RSS."""
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("REMINDER_")}
     child_env.update(DATABASE_URL=database_url, LOG_FORMAT="json", PYTHONUNBUFFERED="1",
-                     REMINDER_MAX_RUN_DURATION="6h", DB_STATEMENT_TIMEOUT_MS="3600000",
-                     **(env or {}))
+                     REMINDER_MAX_RUN_DURATION="6h", DB_STATEMENT_TIMEOUT_MS="3600000")
+    child_env.update(env or {})  # may set the budget, e.g. REMINDER_MAX_RUN_DURATION=10m
     out_path = log_path.with_suffix(".out")
     started = time.perf_counter()
     with out_path.open("w") as out, log_path.open("w") as err:

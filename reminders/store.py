@@ -140,7 +140,11 @@ def due_owners(
     conn.execute(QUERIES["tune_session"])
     cursor = conn.cursor(name=f"due_owners_{uuid.uuid4().hex}", withhold=True)
     try:
-        cursor.execute(QUERIES["due_owners"], _window_params(window, thresholds, as_of_date))
+        # Declared in a transaction of its own, which runs the pass when it commits; the plan
+        # setting lasts until then (never into the claims on this connection).
+        with conn.transaction():
+            conn.execute(QUERIES["due_owners_plan"])
+            cursor.execute(QUERIES["due_owners"], _window_params(window, thresholds, as_of_date))
         yield DueOwners(cursor)
     finally:
         if not conn.closed:
@@ -217,8 +221,10 @@ def claim_from_rows(rows: list[tuple[Any, ...]]) -> BatchClaim:
 
 
 def prune_expired_markers(using: str, cutoff: date, chunk: int) -> int:
-    """Delete up to `chunk` markers whose expiry date is before `cutoff`; the number deleted."""
+    """Delete up to `chunk` markers whose expiry date is before `cutoff`; the number deleted.
+    In a transaction (a chunk's own): the plan setting before it lasts until its end."""
     with server_cursor(using) as cur:
+        cur.execute(QUERIES["prune_plan"])
         cur.execute(QUERIES["prune_expired_markers"], {"cutoff": cutoff, "chunk": chunk})
         return cur.rowcount
 

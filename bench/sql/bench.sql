@@ -128,6 +128,30 @@ create table public.bench_floor_events as
     select aggregate_type, aggregate_id, event_type, contract_version, topic, message_key, payload
     from outbox_messages;
 
+-- save_stale: keep the stale-statistics cycle's markers and events, without ids and times, for the comparison with the floor (which runs after it)
+drop table if exists public.bench_stale_markers, public.bench_stale_events;
+create table public.bench_stale_markers as
+    select document_id, owner_user_id, type, threshold_days, expires_at, notified
+    from document_expiry_reminders;
+create table public.bench_stale_events as
+    select aggregate_type, aggregate_id, event_type, contract_version, topic, message_key, payload
+    from outbox_messages;
+
+-- compare_stale_with_floor: rows that differ between the stale-statistics cycle's output and the floor's, both ways
+select
+    (select count(*) from (
+        (select * from public.bench_stale_markers except all
+         select * from public.bench_floor_markers)
+        union all
+        (select * from public.bench_floor_markers except all
+         select * from public.bench_stale_markers)) as m) as markers_differing,
+    (select count(*) from (
+        (select * from public.bench_stale_events except all
+         select * from public.bench_floor_events)
+        union all
+        (select * from public.bench_floor_events except all
+         select * from public.bench_stale_events)) as e) as events_differing;
+
 -- compare_with_floor: rows that differ between the worker's output and the floor's, both ways
 select
     (select count(*) from (

@@ -14,10 +14,14 @@ select count(*) as window_documents,
            select 1
            from unnest(%(thresholds)s::int[]) as t(threshold_days)
            where (d.expires_at at time zone 'UTC')::date - %(as_of_date)s::date <= t.threshold_days
-             and not exists (
-                 select 1 from document_expiry_reminders r
-                 where r.document_id = d.id and r.threshold_days = t.threshold_days
-               and r.expires_at = (d.expires_at at time zone 'UTC')::date)
+             -- the (document, threshold) marker by its unique key, compared with the current
+             -- date in the select list, where no index can serve the date: with the ledger's
+             -- statistics stale the planner ANDed the expiry-date index into each probe, a
+             -- read of every marker of that date for every window document
+             and not coalesce((
+                 select r.expires_at = (d.expires_at at time zone 'UTC')::date
+                 from document_expiry_reminders r
+                 where r.document_id = d.id and r.threshold_days = t.threshold_days), false)
        )) as due_documents
 from person_documents d
 where d.status = 'Active'
@@ -25,6 +29,9 @@ where d.status = 'Active'
   and d.expires_at is not null
   and d.expires_at >= %(window_start)s
   and d.expires_at < %(window_end)s;
+
+-- due_owners_plan: for the due-owners pass's transaction (the held cursor is planned when declared): the markers by a join, one pass over the window and one over the ledger, whatever the statistics say: with the window estimated at 1 row after a bulk load, the planner probed the ledger once a window document, each probe ANDing the expiry-date index (every marker of that date)
+set local enable_nestloop = off;
 
 -- due_owners: in one pass over the window, every owner with a window document, due owners first (most urgent first), each row carrying the window's census and the ids of the owner's due documents
 with window_documents as materialized (
@@ -83,17 +90,20 @@ select d.id,
        coalesce(m.thresholds, '{}'::int[]) as marked_thresholds,
        coalesce(m.expiry_dates, '{}'::date[]) as marked_for
 from unnest(%(owner_ids)s::uuid[]) as o(owner_user_id)
--- owner by owner through the owner index (not `owner_user_id = any(...)`: see claim_batch)
+-- owner by owner through the owner index (not `owner_user_id = any(...)`: see claim_batch),
+-- fenced as claim_batch's probe: `offset 0` keeps it a probe per owner, and the window is
+-- checked outside it, so that the expiry index cannot serve it (a read of the whole window
+-- per owner when the window is estimated small)
 join lateral (
-    select d.id, d.owner_user_id, d.type, d.number_mask, d.expires_at
+    select d.id, d.owner_user_id, d.type, d.number_mask, d.expires_at, d.status, d.deleted_at
     from person_documents d
     where d.owner_user_id = o.owner_user_id
-      and d.status = 'Active'
-      and d.deleted_at is null
-      and d.expires_at is not null
-      and d.expires_at >= %(window_start)s
-      and d.expires_at < %(window_end)s
-) d on true
+    offset 0
+) d on d.status = 'Active'
+   and d.deleted_at is null
+   and d.expires_at is not null
+   and d.expires_at >= %(window_start)s
+   and d.expires_at < %(window_end)s
 left join lateral (
     select array_agg(r.threshold_days order by r.threshold_days) as thresholds,
            array_agg(r.expires_at order by r.threshold_days) as expiry_dates
@@ -119,16 +129,22 @@ with docs as materialized (
            coalesce(m.marked, '{}'::int[]) as marked,
            coalesce(m.stale, '{}'::int[]) as stale
     from unnest(%(document_ids)s::uuid[]) as o(id)
+    -- A fence, whatever the statistics say: `offset 0` keeps the planner from pulling the
+    -- probe up into a plain join (which, with the window estimated at 1 row after a bulk
+    -- load, it reordered into a read of the whole window joined to every id of the batch),
+    -- and the window is checked outside it (no qual crosses an offset), so that id is the
+    -- only condition an index can serve: one primary-key probe an id.
     join lateral (
-        select d.id, d.owner_user_id, d.type, d.number_mask, d.expires_at
+        select d.id, d.owner_user_id, d.type, d.number_mask, d.expires_at, d.status,
+               d.deleted_at
         from person_documents d
         where d.id = o.id
-          and d.status = 'Active'
-          and d.deleted_at is null
-          and d.expires_at is not null
-          and d.expires_at >= %(window_start)s
-          and d.expires_at < %(window_end)s
-    ) d on true
+        offset 0
+    ) d on d.status = 'Active'
+       and d.deleted_at is null
+       and d.expires_at is not null
+       and d.expires_at >= %(window_start)s
+       and d.expires_at < %(window_end)s
     cross join lateral (select (d.expires_at at time zone 'UTC')::date as expires_on) e
     left join lateral (
         select array_agg(r.threshold_days) filter (where r.expires_at = e.expires_on) as marked,
@@ -240,13 +256,18 @@ from totals t
 left join items i on true
 order by i.owner_user_id, i.days_left, i.document_id;
 
+-- prune_plan: for the rest of the prune chunk's transaction, whatever the statistics say: the chunk's markers through the ledger's expiry index, oldest first, stopping at the chunk (a sequential scan from the table's start reads again every marker earlier chunks deleted and vacuum has not removed yet; a bitmap scan reads every expired entry before the limit), then by primary key
+select set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true);
+
 -- prune_expired_markers: delete one bounded chunk of markers whose expiry date left the retention window
+-- The ids as an array (computed once): the rows by primary key, never `id in (...)` as a join,
+-- which stale statistics planned as a scan of every expired marker for each chunk.
 delete from document_expiry_reminders
-where id in (
+where id = any(array(
     select id from document_expiry_reminders
     where expires_at < %(cutoff)s::date
     limit %(chunk)s
-)
+))
   -- checked again on the row itself: a stale marker that a claim re-armed meanwhile stays
   and expires_at < %(cutoff)s::date;
 

@@ -58,3 +58,27 @@ def test_benchmark_runs_and_the_worker_equals_the_floor(shape: str) -> None:
         assert phases["prune"].markers
     else:
         assert cold.window_documents and cold.window_documents < SMOKE_DOCUMENTS / 10
+
+
+@pytest.mark.slow
+def test_benchmark_stale_statistics_phase_runs_and_equals_the_floor() -> None:
+    suffix = f"_smoke_stale_{uuid.uuid4().hex[:12]}"
+    database = connection.settings_dict["NAME"][:63 - len(suffix)] + suffix
+    config = BenchConfig(shape="backlog", documents=SMOKE_DOCUMENTS, server_url=_server_url(),
+                         database=database, documents_per_owner=1, stale_statistics=True,
+                         pipeline=False)
+    try:
+        result = run_benchmark(config, log=lambda _line: None)
+    finally:
+        drop_database(config)
+
+    assert result is not None
+    assert result.worker_equals_floor, result.floor_check
+    phases = {p.name.split(" (")[0]: p for p in result.phases}
+    stale, floor, cold = (phases[n] for n in ("stale statistics: cold", "floor", "cold cycle"))
+    assert result.floor_check["stale_markers_differing"] == 0, result.floor_check
+    assert result.floor_check["stale_events_differing"] == 0, result.floor_check
+    assert stale.status == "succeeded" and stale.markers == floor.markers == cold.markers
+    # one document an owner: an event each
+    assert stale.events == cold.events == SMOKE_DOCUMENTS
+    assert stale.ratio_to_analyzed and stale.ratio_to_floor
