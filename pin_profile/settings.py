@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "core",
     "reminders",
     "outbox",
+    "audit",
 ]
 
 MIDDLEWARE = [
