@@ -43,6 +43,8 @@ class AuditOptions:
     outbox_retention: timedelta = timedelta(days=7)  # OUTBOX_RETENTION: events older are pruned
     max_wait: timedelta = timedelta(hours=26)  # no event waits longer for the relay
     limit: int = 20  # ids listed per finding (the counts are whole)
+    # an owner whose event is this full had the rest of its due documents left for the next cycle
+    max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT
     topic_reader: TopicReader | None = None  # --against-topic
 
 
@@ -162,7 +164,7 @@ def check_left_behind(using: str, options: AuditOptions) -> CheckResult:
         "window_start": max(window.start, prune_floor), "window_end": window.end,
         "thresholds": list(thresholds), "as_of_date": as_of_date, "started_at": started_at,
         "run_id": str(run_id), "event_type": events.EVENT_TYPE,
-        "max_documents": events.MAX_DOCUMENTS_PER_EVENT,
+        "max_documents": options.max_documents_per_event,
     })
     left = [r for r in rows if not r[3]]
     changed = len(rows) - len(left)
@@ -253,8 +255,9 @@ def check_topic(options: AuditOptions, since: datetime, table: list[TopicEvent],
         "partitions": reader.partitions_read}, [
         Finding("missing_from_topic", len(result.missing),
                 "the table says published, the topic has no record with that message_id",
-                "requeue them: manage.py requeue_outbox cannot (they are not parked); after a "
-                "database move see 'Moving the database'; otherwise report it",
+                "the investors were not told: after a database move or restore stop the relay "
+                "(its position may be another cluster's); the rows are intact, re-send them "
+                "once the cause is fixed, and report it",
                 [{"event": i} for i in result.missing[:limit]]),
         Finding("unknown_on_topic", len(result.unknown),
                 "a record in the window whose message_id the outbox does not hold",
