@@ -29,8 +29,16 @@ from reminders.models import SUCCESSFUL_STATUSES
 QUERIES = QueryFile(Path(__file__).parent / "sql" / "queries.sql")
 UUID_PATTERN = "^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 DEFAULT_SINCE = timedelta(days=7)
-# the checks' names, in the order they run and print
-CHECKS = ("ledger_outbox", "left_behind", "relay_position", "relay_waits", "parked", "topic")
+# the checks' names, in the order they run and print, and the findings each may report
+FINDINGS: dict[str, tuple[str, ...]] = {
+    "ledger_outbox": ("marker_without_event", "event_without_marker", "notified_twice"),
+    "left_behind": ("left_behind",),
+    "relay_position": (),
+    "relay_waits": ("waited_too_long",),
+    "parked": ("parked",),
+    "topic": ("missing_from_topic", "unknown_on_topic", "duplicated_on_topic", "out_of_order"),
+}
+CHECKS = tuple(FINDINGS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +61,7 @@ def run_audit(options: AuditOptions, using: str = "default") -> AuditReport:
     with transaction.atomic(using=using):
         with server_cursor(using) as cur:
             cur.execute("set transaction isolation level repeatable read, read only")
+            cur.execute(QUERIES["audit_session"])
             cur.execute(QUERIES["snapshot_clock"])
             now: datetime = one(cur)[0]
         since, notes = _window_start(options, now)

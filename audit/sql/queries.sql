@@ -4,6 +4,9 @@
 -- check. Events are matched to markers on text (the headers and the payload are JSON), so a
 -- malformed row is a finding, never a failed cast.
 
+-- audit_session: the audit's one transaction: a snapshot for every check, read-only, and memory enough to hash the window's markers and event items (a daily read of a few hundred thousand rows; a merge of them would sort each side)
+set local work_mem = '128MB';
+
 -- snapshot_clock: the database's clock, once, in the audit's snapshot (the window's cutoffs and the waits are measured on it)
 select now();
 
@@ -29,7 +32,9 @@ items as materialized (
     select e.id as message_id, e.aggregate_id as owner_user_id, e.run_id,
            i.item ->> 'documentId' as document_id,
            i.item ->> 'thresholdDays' as threshold_days,
-           i.item ->> 'expiresAt' as expires_at
+           i.item ->> 'expiresAt' as expires_at,
+           concat_ws('|', e.run_id, e.aggregate_id, i.item ->> 'documentId',
+                     i.item ->> 'thresholdDays', i.item ->> 'expiresAt') as key
     from events e
     cross join lateral jsonb_array_elements(
         case when jsonb_typeof(e.payload -> 'documents') = 'array'
@@ -38,30 +43,24 @@ items as materialized (
 markers as materialized (
     select r.document_id::text as document_id, r.threshold_days::text as threshold_days,
            r.expires_at::text as expires_at, r.run_id::text as run_id,
-           r.owner_user_id::text as owner_user_id
+           concat_ws('|', r.run_id, r.owner_user_id, r.document_id, r.threshold_days,
+                     r.expires_at) as key
     from document_expiry_reminders r
     where r.notified
       and r.run_id::text in (select run_id from scope_runs)
 )
+-- each side's rows against the other's keys, one text key a side (a hash anti-join)
 select 'marker_without_event' as finding, m.document_id, m.threshold_days, m.expires_at,
        m.run_id, null::text as message_id
 from markers m
-where not exists (
-    select 1 from items i
-    where i.run_id = m.run_id and i.document_id = m.document_id
-      and i.threshold_days = m.threshold_days and i.expires_at = m.expires_at
-      and i.owner_user_id = m.owner_user_id)
+where not exists (select 1 from items i where i.key = m.key)
 union all
 -- an item without its marker, unless the marker was pruned since (its expiry left the
 -- retention) or re-armed in place for a new expiry date (the document was renewed)
 select 'event_without_marker', i.document_id, i.threshold_days, i.expires_at, i.run_id,
        i.message_id::text
 from items i
-where not exists (
-    select 1 from markers m
-    where m.run_id = i.run_id and m.document_id = i.document_id
-      and m.threshold_days = i.threshold_days and m.expires_at = i.expires_at
-      and m.owner_user_id = i.owner_user_id)
+where not exists (select 1 from markers m where m.key = i.key)
   and not (i.expires_at ~ '^\d{4}-\d{2}-\d{2}$' and i.expires_at < %(pruned_before)s::text)
   and not exists (
     select 1 from document_expiry_reminders r

@@ -5,11 +5,13 @@ nothing. The library runs as the audit's read-only role; the command as a subpro
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from confluent_kafka import Producer
 from django.db import connection, transaction
+from prometheus_client.parser import text_string_to_metric_families
 
 from audit.checks import AuditOptions, run_audit
 from audit.report import AuditReport, Status
@@ -19,6 +21,7 @@ from outbox.relay import Relay
 from reminders import events
 from tests.conftest import CycleRunner, command_env
 from tests.support.db_roles import as_role
+from tests.support.exported_metrics import scrape_process
 from tests.support.factories import Documents, DocumentSpec
 from tests.support.ledger import AS_OF, day, expiring_in
 from tests.support.processes import run_command
@@ -356,3 +359,30 @@ def test_the_auditor_role_cannot_write_or_read_the_cipher(transactional_db: None
             with pytest.raises(Exception, match="permission denied"):
                 cursor.execute(statement)
             cursor.execute("rollback to savepoint probe")
+
+
+@pytest.mark.slow
+def test_the_loop_serves_the_last_audits_findings_per_check(
+    run: CycleRunner, documents: Documents, tmp_path: Path
+) -> None:
+    made = some_documents(documents)
+    loop_cycle(run)
+    sql("delete from outbox_messages where aggregate_id = %s", (str(made[0].owner_user_id),))
+
+    text = scrape_process(
+        ["audit_reminders", "--loop"], command_env(AUDITOR_ROLE), tmp_path / "audit.log",
+        lambda text, log: '"event":"audit completed"' in log
+        and "profile_document_expiry_reminder_audit_findings{" in text)
+
+    findings = {(s.labels["check"], s.labels["finding"]): s.value
+                for family in text_string_to_metric_families(text)
+                if family.name == "profile_document_expiry_reminder_audit_findings"
+                for s in family.samples}
+    assert findings[("ledger_outbox", "marker_without_event")] == 1
+    assert findings[("ledger_outbox", "notified_twice")] == 0
+    assert findings[("parked", "parked")] == 0
+    assert not any(check == "topic" for check, _ in findings)  # not asked: no series
+    assert "profile_document_expiry_reminder_audit_last_completed_timestamp_seconds " in text
+    completed = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()
+                 if '"event":"audit completed"' in line]
+    assert completed[0]["findings"] == 1 and completed[0]["by_check"]["ledger_outbox"] == 1

@@ -1,20 +1,25 @@
 """manage.py audit_reminders: the invariants the tests hold, checked read-only on the live
 database (and with --against-topic on Kafka); docs/operations.md, "Auditing the reminders"."""
 
+import dataclasses
 import os
 from argparse import ArgumentParser
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.management.base import CommandError
+from django.db import connections
 
-from audit.checks import AuditOptions, run_audit
-from audit.report import render_json, render_text
+from audit.checks import FINDINGS, AuditOptions, run_audit
+from audit.loop import AuditMetrics, run_audit_loop
+from audit.report import AuditReport, render_json, render_text
 from audit.topic import BrokerRefusedError, BrokerUnavailableError, TopicReader
-from core.commands import EXIT_FAILED, EXIT_USAGE, ProjectCommand, usage_error
+from core.commands import EXIT_FAILED, EXIT_USAGE, ProjectCommand, stop_on_signals, usage_error
 from core.config import parse_duration, parse_positive_int
 from core.db import DatabaseErrors
 from core.failures import FailureKind, classify_on
+from core.health import Heartbeat, database_ready
+from core.ops_server import Probes, ops_server_from_env
 from outbox.config import load_relay_settings
 from reminders.cli import parse_as_of
 from reminders.config import load_settings
@@ -48,10 +53,20 @@ class Command(ProjectCommand):
                             help="ids listed per finding (20); the counts are whole")
         parser.add_argument("--format", choices=("text", "json"), default="text",
                             help="text for a person (default), json for a script")
+        parser.add_argument("--loop", action="store_true",
+                            help="audit now and then once per --every, its last findings per "
+                                 "check as metrics on METRICS_ADDR; no --as-of")
+        parser.add_argument("--every", metavar="DURATION",
+                            help="with --loop: time between audits (default: "
+                                 "REMINDER_POLLING_INTERVAL)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = load_settings(os.environ)
         relay = load_relay_settings(os.environ, need_kafka=options["against_topic"])
+        if options["loop"] and options["as_of"]:
+            raise usage_error("--loop takes no --as-of: each audit ends at its own now")
+        if options["every"] and not options["loop"]:
+            raise usage_error("--every goes with --loop")
         as_of = parse_as_of(options["as_of"]) if options["as_of"] else datetime.now(UTC)
         if as_of > datetime.now(UTC):
             raise usage_error(f"--as-of {as_of.isoformat()} is in the future")
@@ -67,6 +82,11 @@ class Command(ProjectCommand):
                 "--kafka-timeout", options["kafka_timeout"]).total_seconds())
             if options["against_topic"] else None,
         )
+        if options["loop"]:
+            every = (parse_duration("--every", options["every"]) if options["every"]
+                     else settings.polling_interval)
+            self._loop(audit, every)
+            return
         try:
             report = run_audit(audit)
         except DatabaseErrors as exc:
@@ -82,3 +102,32 @@ class Command(ProjectCommand):
         if report.findings:
             raise CommandError(f"audit found {report.findings} finding(s)",
                                returncode=EXIT_FAILED)
+
+    def _loop(self, audit: AuditOptions, every: timedelta) -> None:
+        """--loop, with METRICS_ADDR's /metrics, /healthz (an audit within two intervals, or
+        its failure) and /readyz (the database answers)."""
+        beat = Heartbeat(timeout=2 * every + timedelta(minutes=10))
+        metrics = AuditMetrics()
+        server = ops_server_from_env(os.environ, Probes(beat.liveness, database_ready))
+
+        def audit_now() -> AuditReport:
+            beat.beat()
+            try:
+                return run_audit(dataclasses.replace(audit, as_of=datetime.now(UTC)))
+            except DatabaseErrors:
+                connections["default"].close()  # a fresh connection next time
+                raise
+            finally:
+                beat.beat()
+
+        if server is not None:
+            server.start()
+        try:
+            with stop_on_signals() as stop:
+                run_audit_loop(audit_now, every, stop=stop, metrics=metrics, codes=FINDINGS,
+                               failures=(*DatabaseErrors, BrokerUnavailableError,
+                                         BrokerRefusedError))
+        finally:
+            if server is not None:
+                server.stop()
+
