@@ -9,8 +9,10 @@ with a Kafka reader, against the topic.
 4. the outbox against the topic (`topic`, audit.topic).
 """
 
+import dataclasses
+import time as time_module
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
@@ -69,20 +71,29 @@ def run_audit(options: AuditOptions, using: str = "default") -> AuditReport:
         pruned_before = (rules.prune_cutoff(rules.utc_date(pruned_as_of), options.retention_days)
                          if pruned_as_of else None)
         checks = [
-            check_ledger_outbox(using, options, since, pruned_before),
-            check_left_behind(using, options),
-            check_relay_position(using),
-            check_relay_waits(using, options, since, now),
-            check_parked(using, options),
+            _timed(check_ledger_outbox, using, options, since, pruned_before),
+            _timed(check_left_behind, using, options),
+            _timed(check_relay_position, using),
+            _timed(check_relay_waits, using, options, since, now),
+            _timed(check_parked, using, options),
         ]
+        started = time_module.perf_counter()
         table = _window_events(using, since, options.as_of) if options.topic_reader else None
+        table_seconds = time_module.perf_counter() - started
     if options.topic_reader is not None and table is not None:
-        checks.append(check_topic(options, since, table, using))
+        topic = _timed(check_topic, options, since, table, using)
+        checks.append(dataclasses.replace(topic, seconds=topic.seconds + table_seconds))
     else:
         checks.append(CheckResult("topic", "outbox against the topic", Status.NOT_CHECKED,
                                   note="not asked (--against-topic)"))
     return AuditReport(as_of=options.as_of, since=since, database_now=now, checks=checks,
                        notes=notes)
+
+
+def _timed(check: Callable[..., CheckResult], *args: Any) -> CheckResult:
+    started = time_module.perf_counter()
+    result = check(*args)
+    return dataclasses.replace(result, seconds=time_module.perf_counter() - started)
 
 
 def _window_start(options: AuditOptions, now: datetime) -> tuple[datetime, list[str]]:

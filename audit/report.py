@@ -41,6 +41,7 @@ class CheckResult:
     examined: dict[str, int] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
     note: str = ""
+    seconds: float = 0.0  # how long the check took (set by run_audit)
 
     @classmethod
     def of(cls, name: str, title: str, examined: dict[str, int], findings: list[Finding],
@@ -75,7 +76,7 @@ class AuditReport:
             "findings": self.findings,
             "notes": self.notes,
             "checks": [{"name": c.name, "title": c.title, "status": str(c.status),
-                        "examined": c.examined, "note": c.note,
+                        "examined": c.examined, "note": c.note, "seconds": round(c.seconds, 3),
                         "findings": [finding(f) for f in c.findings]} for c in self.checks],
         }
 

@@ -19,14 +19,16 @@ from audit.topic import TopicReader
 from core.roles import AUDITOR_ROLE
 from outbox.relay import Relay
 from reminders import events
+from tests.acceptance.test_kafka_security import tls_env
+from tests.acceptance.test_relay_process import run_relay
 from tests.conftest import CycleRunner, command_env
 from tests.support.db_roles import as_role
 from tests.support.exported_metrics import scrape_process
 from tests.support.factories import Documents, DocumentSpec
 from tests.support.ledger import AS_OF, day, expiring_in
 from tests.support.processes import run_command
-from tests.support.relay_support import as_relay, insert_outbox, relay_settings
-from tests.support.tansu_support import TansuBroker
+from tests.support.relay_support import as_relay, insert_outbox, interleaved_rows, relay_settings
+from tests.support.tansu_support import Certificates, TansuBroker
 
 
 def audit(*, topic: TansuBroker | None = None, **options: Any) -> AuditReport:
@@ -386,3 +388,23 @@ def test_the_loop_serves_the_last_audits_findings_per_check(
     completed = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()
                  if '"event":"audit completed"' in line]
     assert completed[0]["findings"] == 1 and completed[0]["by_check"]["ledger_outbox"] == 1
+
+
+@pytest.mark.slow
+def test_against_the_topic_over_tls_with_the_relays_settings_and_a_refusal_exits_2(
+    transactional_db: None, tansu_tls: TansuBroker, certificates: Certificates
+) -> None:
+    interleaved_rows(keys=3, per_key=2)
+    env = tls_env(tansu_tls.bootstrap_servers, certificates)
+    assert run_relay(env).returncode == 0
+    audit_env = {**env, "DATABASE_URL": command_env(AUDITOR_ROLE)["DATABASE_URL"]}
+
+    done = run_command("audit_reminders", "--against-topic", "--format", "json", env=audit_env)
+    body = json.loads(done.stdout)
+    [topic] = [c for c in body["checks"] if c["name"] == "topic"]
+    assert topic["status"] == "clean" and topic["examined"]["records"] == 6, done.stderr
+
+    refused = run_command("audit_reminders", "--against-topic", "--kafka-timeout", "20s",
+                          env={**audit_env, "KAFKA_SSL_CA_LOCATION": str(certificates.other_ca)})
+    assert refused.returncode == 2, refused.stderr
+    assert "kafka refused the audit" in refused.stderr
