@@ -63,6 +63,11 @@ class TopicReader:
             "auto.offset.reset": "earliest",
             # The end is where a fetch says it is (Tansu 0.6 answers the watermark query short).
             "enable.partition.eof": True,
+            # A read to the end, not a live tail: bigger fetches, a smaller prefetch queue
+            # (its default, 64 MB, would be most of the audit's memory).
+            "max.partition.fetch.bytes": 4 * 1024 * 1024,
+            "queued.max.messages.kbytes": 16 * 1024,
+            "fetch.wait.max.ms": 100,
             "error_cb": self._errors.append,
         })
 
