@@ -17,7 +17,7 @@ from typing import NamedTuple
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from outbox.config import RelaySettings
-from outbox.kafka import client_config, redact, refused
+from outbox.kafka import LibrdkafkaLog, client_config, redact, refused, secrets
 
 
 class TopicEvent(NamedTuple):
@@ -69,6 +69,8 @@ class TopicReader:
             "queued.max.messages.kbytes": 16 * 1024,
             "fetch.wait.max.ms": 100,
             "error_cb": self._errors.append,
+            # librdkafka's lines through the log, without the failures this reader reports
+            "logger": LibrdkafkaLog(secrets(self.settings)),
         })
 
     def _fail(self, exc: BaseException | None = None) -> Exception:
@@ -84,6 +86,8 @@ class TopicReader:
     def read(self, topics: Iterable[str], since: datetime, until: datetime) -> list[TopicRecord]:
         """The records timestamped in [since, until], of every partition of `topics`. A topic
         the broker does not have has no record."""
+        self._errors.clear()  # a reader serves every audit of --loop
+        self.partitions_read = 0
         consumer = self._consumer()
         try:
             return self._read(consumer, list(topics), since, until)
@@ -95,10 +99,15 @@ class TopicReader:
     def _read(self, consumer: Consumer, topics: list[str], since: datetime,
               until: datetime) -> list[TopicRecord]:
         deadline = time.monotonic() + self.timeout_s
-        try:
-            metadata = consumer.list_topics(timeout=min(self.timeout_s, 15.0))
-        except KafkaException as exc:
-            raise self._fail(exc) from None
+        connect_by = time.monotonic() + min(self.timeout_s, 15.0)
+        while True:
+            try:
+                metadata = consumer.list_topics(timeout=1.0)
+                break
+            except KafkaException as exc:
+                consumer.poll(0.1)  # serves error_cb: a refusal ends the wait at once
+                if any(refused(e) for e in self._errors) or time.monotonic() > connect_by:
+                    raise self._fail(exc) from None
         since_ms, until_ms = int(since.timestamp() * 1000), int(until.timestamp() * 1000)
         wanted = [TopicPartition(t, p, since_ms) for t in topics if t in metadata.topics
                   and metadata.topics[t].error is None

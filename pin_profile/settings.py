@@ -128,7 +128,7 @@ LOGGING = {
     },
     "loggers": {
         app: {"handlers": ["stderr"], "level": LOG_LEVEL, "propagate": False}
-        for app in ("core", "reminders", "outbox", "devtools")
+        for app in ("core", "reminders", "outbox", "audit", "devtools")
     },
     "root": {"handlers": ["stderr"], "level": "WARNING"},
 }
