@@ -40,7 +40,6 @@ FINDINGS: dict[str, tuple[str, ...]] = {
     "parked": ("parked",),
     "topic": ("missing_from_topic", "unknown_on_topic", "duplicated_on_topic", "out_of_order"),
 }
-CHECKS = tuple(FINDINGS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +61,7 @@ def run_audit(options: AuditOptions, using: str = "default") -> AuditReport:
     """Every check; the database ones in one read-only snapshot, then the topic's."""
     with transaction.atomic(using=using):
         with server_cursor(using) as cur:
-            cur.execute("set transaction isolation level repeatable read, read only")
+            cur.execute(QUERIES["audit_snapshot"])
             cur.execute(QUERIES["audit_session"])
             cur.execute(QUERIES["snapshot_clock"])
             now: datetime = one(cur)[0]

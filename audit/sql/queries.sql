@@ -4,7 +4,10 @@
 -- check. Events are matched to markers on text (the headers and the payload are JSON), so a
 -- malformed row is a finding, never a failed cast.
 
--- audit_session: the audit's one transaction: a snapshot for every check, read-only, and memory enough to hash the window's markers and event items (a daily read of a few hundred thousand rows; a merge of them would sort each side)
+-- audit_snapshot: the audit's one transaction is one snapshot for every check, and writes nothing
+set transaction isolation level repeatable read, read only;
+
+-- audit_session: memory enough for the audit's transaction to hash the window's markers and event items (a daily read of a few hundred thousand rows; a merge of them would sort each side)
 set local work_mem = '128MB';
 
 -- snapshot_clock: the database's clock, once, in the audit's snapshot (the window's cutoffs and the waits are measured on it)
