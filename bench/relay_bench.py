@@ -245,15 +245,18 @@ def measure_db_floor(messages: list[BenchMessage], batch_size: int,
     load_outbox(messages, "bench.db-floor", using)
     store.relax_commit_durability(using)  # as the relay's session does
     reader = StreamReader(using, batch_size)  # as the relay reads: its own session, one ahead
+    leader_pid = store.try_to_lead(using)  # advance moves the position only for the leader
+    assert leader_pid is not None, "a relay is leading on the benchmark's database"  # noqa: S101
     after = store.read_position(using)
     started = time.perf_counter()
     while read := reader.read(after):
         end = read[-1].position or after
         reader.read_ahead(end)
         store.advance(using, start=after, end=end, published=len(read), detours=[],
-                      max_attempts=10)
+                      max_attempts=10, leader_pid=leader_pid)
         after = end
     seconds = time.perf_counter() - started
+    store.resign(using)
     reader.close()
     return Measurement(DB_ONLY, len(messages), batch_size, seconds)
 

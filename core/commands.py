@@ -2,11 +2,13 @@
 line and exit 2, and SIGTERM / SIGINT as a stop event.
 
 The first signal asks the command to stop between operations; a second one restores the
-default handler, so an operator can still interrupt it.
+default handler, so an operator can still interrupt it. The signal handler itself takes no
+lock (see `stop_on_signals`).
 """
 
 import logging
 import signal
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -60,36 +62,48 @@ def flush_log_handlers() -> None:
 
 @contextmanager
 def stop_on_signals() -> Iterator[threading.Event]:
-    """Install the handlers for the duration of the block; yield the stop event they set."""
-    stop = threading.Event()
-    wake = threading.Event()
-    received: list[str] = []
-    previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
+    """Install the handlers for the duration of the block; yield the stop event a signal sets.
 
-    def handle(signum: int, _frame: FrameType | None) -> None:
-        received.append(signal.Signals(signum).name)
-        stop.set()
-        wake.set()
+    The event is set by a watcher thread, never by the Python handler, which runs on the main
+    thread between two bytecodes only: a signal landing just before the main thread blocks
+    in `stop.wait()` would wait for the whole timeout, and one landing while it holds the
+    event's own (non-reentrant) lock would deadlock in `stop.set()`. The C-level handler
+    writes the signal's number to a socket (`signal.set_wakeup_fd`) whatever the main thread
+    is doing; the watcher, blocked reading it, logs and sets the event from an ordinary
+    thread, so every wait wakes at once without polling. The handler takes no lock.
+    """
+    stop = threading.Event()
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)  # set_wakeup_fd's rule: the C handler must never block
+
+    def handle(_signum: int, _frame: FrameType | None) -> None:
         # The next signal gets the default behaviour: an operator can still kill a stuck stop.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    def announce() -> None:
-        # Logged here, not in the handler: the handler may interrupt the main thread while it
-        # holds the logging queue's lock, and logging from it there would deadlock.
+    def watch() -> None:
         leave_stop_signals_to_the_main_thread()
-        wake.wait()
+        received = reader.recv(1)  # a signal's number, or nothing once the block ends
         if received:
-            log_event(logger, logging.WARNING, "stop requested", signal=received[0])
+            # Before the set: the line comes before whatever the stop leads to.
+            log_event(logger, logging.WARNING, "stop requested",
+                      signal=signal.Signals(received[0]).name)
+            stop.set()
 
-    announcer = threading.Thread(target=announce, name="stop-announcer", daemon=True)
-    announcer.start()
-    for sig in _SIGNALS:
-        signal.signal(sig, handle)
+    watcher = threading.Thread(target=watch, name="stop-watcher", daemon=True)
+    watcher.start()
+    previous = {sig: signal.getsignal(sig) for sig in _SIGNALS}
     try:
-        yield stop
+        previous_fd = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+        try:
+            for sig in _SIGNALS:
+                signal.signal(sig, handle)
+            yield stop
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            signal.set_wakeup_fd(previous_fd)
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        wake.set()
-        announcer.join(timeout=5)
+        writer.close()  # the watcher reads the end of the stream and returns
+        watcher.join(timeout=5)
+        reader.close()

@@ -57,6 +57,8 @@ PIPELINE_DEPTH = 2
 STREAM_BATCHES_PER_CALL = 20
 # A stream held back this long by a transaction still open on the server is worth a warning.
 STREAM_HELD_WARN_S = 60.0
+# How often a pass looks again at rows held back by an open transaction.
+HELD_POLL_S = 0.25
 
 Wait = Callable[[float], object]
 
@@ -100,6 +102,10 @@ class RelayStats(_Deliveries):
     parked: int = 0
     pruned: int = 0
     stood_by: bool = False  # another relay was leading when this one looked for work
+    broker_answered: bool = True  # a pass's metadata request (check_broker) had an answer
+    # How long a pass waited for stream rows held back by a transaction open on the server,
+    # when they were still held at its bound (0: none were left held back).
+    held_for_s: float = 0.0
     # Seconds waited after each consecutive "broker unavailable" or database failure.
     backoffs: list[float] = field(default_factory=list)
 
@@ -186,6 +192,7 @@ class Relay:
         self._held_since: float | None = None  # the stream waits for an open transaction
         self._held_said = False
         self._leading = False
+        self._leader_pid = 0  # the server process holding the lead (advance checks it)
         self._standing_by = False
 
     # --- Kafka -----------------------------------------------------------------------------
@@ -267,6 +274,23 @@ class Relay:
         self._poll(self.producer, 0)
         self._check_refused()
 
+    def check_broker(self) -> bool:
+        """Ask the broker for its metadata, up to the delivery timeout: True if it answered;
+        a refusal (credentials, TLS handshake) raises KafkaRefusedError. A pass does this
+        first, so that it sees a broker it cannot use even when it has nothing to send."""
+        producer = self.producer
+        try:
+            producer.list_topics(timeout=self.settings.delivery_timeout.total_seconds())
+        except KafkaException as exc:
+            self._poll(producer, 0)  # the error callback classifies what happened
+            self._check_refused()
+            self._outage.failed(kafka.describe(exc.args[0]) if exc.args else str(exc))
+            return False
+        self._poll(producer, 0)
+        self._check_refused()
+        self._reached_kafka()
+        return True
+
     def _produce(self, producer: Producer, message: store.ClaimedMessage,
                  deliveries: dict[bytes, _Delivery], delivered: Callable[..., None]) -> None:
         """Hand one row to the producer; its report lands in `deliveries` under its key (a
@@ -326,7 +350,9 @@ class Relay:
             self._session = store.relax_commit_durability(self.using)
             self._leading = False
         if not self._leading:
-            self._leading = store.try_to_lead(self.using)
+            pid = store.try_to_lead(self.using)
+            self._leading = pid is not None
+            self._leader_pid = pid or 0
             if self._leading:
                 log_event(logger, logging.INFO, "relay leading", relay_id=self.relay_id)
             elif not self._standing_by:  # said once, not at every look
@@ -424,6 +450,7 @@ class Relay:
         self._check_refused()
         if not self.lead():
             return total
+        self._settle()
         total.merge(self._publish_slow())
         if total.broker_unavailable or self.stop.is_set():
             return total
@@ -479,6 +506,20 @@ class Relay:
             if stream.batches < STREAM_BATCHES_PER_CALL:
                 self._reader.read_ahead(stream.after)  # while this batch is produced
             stream.in_flight.append(self._produce_batch(read, start))
+
+    def _settle(self) -> None:
+        """Make sure the stream's ids belong to this cluster before reading it: re-based onto a
+        new cluster the database moved to, if no writer did that first (StreamAheadError when
+        the same cluster's stored ids are ahead of its own)."""
+        settled = store.settle_stream(self.using)
+        if settled.moved:
+            log_event(logger, logging.WARNING,
+                      "outbox database moved to another cluster: stream re-based onto it"
+                      if settled.rebased else
+                      "outbox database moved to another cluster: its transaction ids continue "
+                      "past the stream's", relay_id=self.relay_id,
+                      from_system=str(settled.recorded_system),
+                      to_system=str(settled.this_system), txid_offset=settled.txid_offset)
 
     def _look_for_a_held_stream(self, after: store.Position) -> None:
         """Nothing to read although rows wait after the position: a transaction older than
@@ -561,7 +602,8 @@ class Relay:
             assert end is not None  # noqa: S101 - a stream row has a position
             outcome.parked = store.advance(self.using, start=start, end=end,
                                            published=outcome.published, detours=detours,
-                                           max_attempts=self.settings.max_attempts)
+                                           max_attempts=self.settings.max_attempts,
+                                           leader_pid=self._leader_pid)
             if detoured_keys is not None and detours:
                 gone = {d.id for d in detours}
                 detoured_keys.update(m.key for m in batch.claimed[:recorded] if m.id in gone)
@@ -651,19 +693,39 @@ class Relay:
 
     # --- one pass, and the loop ----------------------------------------------------------
 
-    def run_pass(self) -> RelayStats:
-        """Publish until nothing is deliverable (or the broker is unavailable), then prune; a
-        relay that finds another one leading publishes nothing (that one does)."""
+    def run_pass(self, held_bound_s: float = STREAM_HELD_WARN_S) -> RelayStats:
+        """Check that the broker answers, publish until nothing is deliverable (or the broker
+        is unavailable), then prune; a relay that finds another one leading publishes nothing
+        (that one does). Rows held back by a transaction open on the server are waited for up
+        to `held_bound_s`; if they are still held then, `stats.held_for_s` says how long."""
         try:
+            self.stats.broker_answered = self.check_broker()
+            held_since: float | None = None
             while not self.stop.is_set():
                 outcome = self.publish_available()
-                if outcome.claimed == 0 or outcome.broker_unavailable:
+                if outcome.broker_unavailable:
                     break
+                if outcome.claimed:
+                    held_since = None
+                    continue
+                if not self._stream_held():
+                    break
+                now = time.monotonic()
+                held_since = now if held_since is None else held_since
+                if now - held_since >= held_bound_s:
+                    self.stats.held_for_s = max(now - held_since, 1e-3)
+                    break
+                self._wait(min(HELD_POLL_S, held_bound_s))
             self.prune()
         finally:
             self.resign()
             self._reader.close()
         return self.stats
+
+    def _stream_held(self) -> bool:
+        """Are there stream rows this leader cannot read yet (a transaction older than theirs
+        is still open somewhere on the server)? False when another relay leads."""
+        return self._leading and store.stream_waiting(self.using, store.read_position(self.using))
 
     def _back_off(self, failures: int, reason: str, level: int = logging.WARNING,
                   **fields: Any) -> None:

@@ -70,6 +70,55 @@ class PositionMovedError(RuntimeError):
     """The stream's position was not where this relay read it: another relay moved it."""
 
 
+class StreamAheadError(RuntimeError):
+    """The stream's stored transaction ids are ahead of the cluster they were stamped on (an
+    edited position or txid): the relay refuses to guess which rows went out."""
+
+
+class SessionChangedError(RuntimeError):
+    """The relay's statements reach another server process than the one that took the lead:
+    a pooler by transaction (PgBouncer pool_mode=transaction) is in the way."""
+
+
+# Raised by outbox_stream_settle() (migration 0006_stream_cluster).
+STREAM_AHEAD_SQLSTATE = "OB001"
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """What settle_stream found: whether the database had moved to another cluster since the
+    stream last looked, and whether the stream was re-based onto it."""
+
+    txid_offset: int
+    rebased: bool
+    moved: bool
+    recorded_system: int
+    this_system: int
+
+
+@dataclass(frozen=True, slots=True)
+class StreamCluster:
+    """The stream's cluster, read only (query `stream_cluster`)."""
+
+    recorded_system: int
+    this_system: int
+    newest_txid: str  # the newest id stored (a row's or the position's), in the stream's ids
+    next_txid: str  # this cluster's next transaction id, in the stream's ids
+    txid_offset: int
+    previous_system: int | None
+    changed_at: datetime | None
+
+    @property
+    def ahead(self) -> bool:
+        """Stored ids at or past this cluster's next one: rows written here would sort behind."""
+        return int(self.newest_txid) >= int(self.next_txid)
+
+    @property
+    def sound(self) -> bool:
+        """The position belongs to this cluster and lies behind its transaction ids."""
+        return self.recorded_system == self.this_system and not self.ahead
+
+
 @dataclass(frozen=True, slots=True)
 class Backlog:
     """The outbox backlog (query `outbox_backlog`): messages waiting for the relay, parked
@@ -103,11 +152,36 @@ def relax_commit_durability(using: str) -> psycopg.Connection[Any]:
 # The relays' session advisory lock: the one relay holding it publishes, the others stand by.
 RELAY_LOCK = 7_203_100_001
 
-def try_to_lead(using: str) -> bool:
-    """Take the relays' lock for this database session, without waiting; True if taken."""
+def try_to_lead(using: str) -> int | None:
+    """Take the relays' lock for this database session, without waiting: the server process
+    that holds it if taken (advance checks it), None if another relay holds it."""
     with server_cursor(using) as cur:
         cur.execute(QUERIES["try_to_lead"], {"lock": RELAY_LOCK})
-        return bool(one(cur)[0])
+        taken, pid = one(cur)
+    return int(pid) if taken else None
+
+
+def settle_stream(using: str) -> Settlement:
+    """Check that the stream's ids belong to this cluster, re-basing it onto a new one the
+    database moved to (docs/outbox-relay.md, "The stream on a new cluster"); raises
+    StreamAheadError when the same cluster's stored ids are ahead of its own."""
+    try:
+        with server_cursor(using) as cur:
+            cur.execute(QUERIES["settle_stream"])
+            return Settlement(*one(cur))
+    except psycopg.Error as exc:
+        if exc.sqlstate == STREAM_AHEAD_SQLSTATE:
+            raise StreamAheadError(exc.diag.message_primary or str(exc)) from None
+        raise
+
+
+def stream_cluster(using: str) -> StreamCluster:
+    """The stream's cluster as it stands (read only: nothing is re-based)."""
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["stream_cluster"])
+        recorded, this, newest, next_txid, offset, previous, changed_at = one(cur)
+    return StreamCluster(int(recorded), int(this), str(newest), str(next_txid), int(offset),
+                         previous, changed_at)
 
 
 def resign(using: str) -> None:
@@ -169,15 +243,29 @@ def read_slow(using: str, *, batch_size: int) -> list[ClaimedMessage]:
 
 
 def advance(using: str, *, start: Position, end: Position, published: int,
-            detours: Sequence[Detour], max_attempts: int) -> list[uuid.UUID]:
+            detours: Sequence[Detour], max_attempts: int, leader_pid: int) -> list[uuid.UUID]:
     """In one transaction: move the position from `start` to `end`, record the batch, and move
-    its `detours` to the slow lane; the ids that got parked. Raises PositionMovedError (and changes
-    nothing) when the position was not at `start`."""
+    its `detours` to the slow lane; the ids that got parked. Changes nothing, and raises
+    PositionMovedError when the position was not at `start`, SessionChangedError when this is
+    not the session (`leader_pid`) that took the lead, StreamAheadError when `end` lies ahead
+    of this cluster's transaction ids."""
+    positions = {"from_txid": start[0], "from_seq": start[1], "upto_txid": end[0],
+                 "upto_seq": end[1], "leader_pid": leader_pid}
     with transaction.atomic(using=using, durable=True), server_cursor(using) as cur:
-        cur.execute(QUERIES["advance_position"], {"from_txid": start[0], "from_seq": start[1],
-                                                  "upto_txid": end[0], "upto_seq": end[1]})
+        cur.execute(QUERIES["advance_position"], positions)
         moved = cur.fetchone()
         if moved is None:
+            cur.execute(QUERIES["advance_refused"], positions)
+            _in_place, same_session, behind_horizon = one(cur)
+            if not same_session:
+                raise SessionChangedError(
+                    f"the relay took the lead on server process {leader_pid} and now reaches "
+                    "another one: a connection pooler that pools by transaction "
+                    "(PgBouncer pool_mode=transaction) is between the relay and PostgreSQL; "
+                    "connect the relay directly or through session pooling")
+            if not behind_horizon:
+                raise StreamAheadError(f"the batch's end {end} lies ahead of this cluster's "
+                                       "transaction ids")
             raise PositionMovedError(f"the stream's position is not at {start} any more")
         cur.execute(QUERIES["record_batch"], {"upto_txid": end[0], "upto_seq": end[1],
                                               "published_at": moved[0], "messages": published})

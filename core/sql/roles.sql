@@ -18,6 +18,12 @@ begin
 end
 $$;
 
+-- Each role finds the schema without the connection's `options` (a pooler such as PgBouncer
+-- does not pass them on).
+alter role pin_reminder_worker set search_path = profile, public;
+alter role pin_outbox_relay set search_path = profile, public;
+alter role pin_admin_web set search_path = profile, public;
+
 -- The reminder worker: reads only the open columns of person_documents (payload_cipher is
 -- unreadable, the table unwritable), owns the ledger and the run history, appends to the outbox.
 grant usage on schema profile to pin_reminder_worker;
@@ -30,11 +36,21 @@ grant select, insert, delete on profile.document_expiry_reminders to pin_reminde
 grant update (owner_user_id, type, expires_at, reminded_at, notified, run_id)
     on profile.document_expiry_reminders to pin_reminder_worker;
 grant select, insert, update, delete on profile.document_expiry_reminder_runs to pin_reminder_worker;
-grant insert on profile.outbox_messages to pin_reminder_worker;
+-- The outbox: a row's place in the stream (txid, seq) is stamped by the database, never by a
+-- writer (outbox migration 0006_stream_cluster): every column but those.
+revoke insert on profile.outbox_messages from pin_reminder_worker;
+grant insert (id, aggregate_type, aggregate_id, event_type, contract_version, topic,
+              message_key, payload, headers, created_at, attempts)
+    on profile.outbox_messages to pin_reminder_worker;
 
 -- The outbox relay: reads, marks and prunes the outbox; nothing else.
 grant usage on schema profile to pin_outbox_relay;
-grant select, update, delete on profile.outbox_messages to pin_outbox_relay;
+-- It updates only the delivery bookkeeping, never a row's place in the stream (txid, seq).
+revoke update on profile.outbox_messages from pin_outbox_relay;
+grant select, delete on profile.outbox_messages to pin_outbox_relay;
+grant update (published_at, attempts, last_error, available_at, claimed_by, parked_at,
+              detoured_at)
+    on profile.outbox_messages to pin_outbox_relay;
 -- The stream's position (moved once per batch) and the batches' history (kept for retention).
 grant select, update on profile.outbox_relay_position to pin_outbox_relay;
 grant select, insert, delete on profile.outbox_relay_batches to pin_outbox_relay;

@@ -13,18 +13,23 @@
 - `detoured_at` marks a row that left the stream for the slow lane (a failed delivery, or a
   key held behind one): such a row is delivered one by one, and its `published_at` is set.
 
-Rows already in the table are behind the initial position: published ones stay published,
-and the unpublished ones (waiting or parked) are moved to the slow lane, so nothing is lost
-and nothing is sent twice. Reversing it stamps `published_at` on the stream's published rows
+Rows already in the table are behind the initial position (txid 1, older than any
+transaction, so that a transaction still running inserts ahead of it): published ones stay
+published, and the unpublished ones (waiting or parked) are moved to the slow lane, so nothing
+is lost and nothing is sent twice. Reversing it stamps `published_at` on the stream's published rows
 from their batch's time, so the per-row design finds them published.
 """
 
 from django.db import migrations, models
 
 FORWARD_SQL = """
+-- The rows already here get txid 1, older than any transaction, and the position is put
+-- after them at txid 1: a transaction running now (its id older than this one's) that inserts
+-- after the upgrade lands ahead of the position, not behind it.
 alter table outbox_messages
-    add column txid xid8 not null default pg_current_xact_id(),
+    add column txid xid8 not null default '1',
     add column seq bigint not null generated always as identity;
+alter table outbox_messages alter column txid set default pg_current_xact_id();
 create index ix_outbox_messages_stream on outbox_messages (txid, seq);
 
 create table outbox_relay_position (
@@ -34,7 +39,7 @@ create table outbox_relay_position (
     moved_at timestamptz not null default now()
 );
 insert into outbox_relay_position (txid, seq)
-select pg_current_xact_id(), coalesce(max(seq), 0) from outbox_messages;
+select '1', coalesce(max(seq), 0) from outbox_messages;
 
 create table outbox_relay_batches (
     upto_txid xid8 not null,

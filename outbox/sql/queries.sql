@@ -25,7 +25,9 @@ select m.txid::text, m.seq, m.id, m.topic, m.message_key, m.payload::text,
                  and s.published_at is null) as held
 from outbox_messages m
 where (m.txid, m.seq) > (%(after_txid)s::xid8, %(after_seq)s::bigint)
-  and m.txid < (select pg_snapshot_xmin(pg_current_snapshot()))
+  -- this cluster's oldest running transaction, in the stream's ids (migration 0006_stream_cluster)
+  and m.txid < (select outbox_xid8_add(pg_snapshot_xmin(pg_current_snapshot()), p.txid_offset)
+                from outbox_relay_position p)
   and m.detoured_at is null
 order by m.txid, m.seq
 limit %(batch_size)s;
@@ -40,11 +42,39 @@ select exists (
       and m.detoured_at is null
 );
 
--- advance_position: move the position from where this relay read it to the end of a delivered batch; no row when it was not there any more (another relay moved it)
+-- advance_position: move the position from where this relay read it to the end of a delivered
+-- batch, on the session that took the lead, never past this cluster's transaction ids; no row
+-- when one of those does not hold (query advance_refused says which)
 update outbox_relay_position
 set txid = %(upto_txid)s::xid8, seq = %(upto_seq)s::bigint, moved_at = now()
 where (txid, seq) = (%(from_txid)s::xid8, %(from_seq)s::bigint)
+  and pg_backend_pid() = %(leader_pid)s
+  and %(upto_txid)s::xid8 < outbox_xid8_add(pg_snapshot_xmax(pg_current_snapshot()), txid_offset)
 returning moved_at;
+
+-- advance_refused: why advance_position moved nothing: the position was elsewhere (another relay
+-- moved it), the session is not the one that took the lead (a pooler by transaction), or the
+-- batch's end lies ahead of this cluster's transaction ids
+select (txid, seq) = (%(from_txid)s::xid8, %(from_seq)s::bigint) as in_place,
+       pg_backend_pid() = %(leader_pid)s as same_session,
+       %(upto_txid)s::xid8 < outbox_xid8_add(pg_snapshot_xmax(pg_current_snapshot()), txid_offset)
+           as behind_horizon
+from outbox_relay_position;
+
+-- settle_stream: the offset this cluster stamps rows with, re-basing the stream first when the
+-- database moved to a cluster whose transaction ids are behind the stored ones (migration
+-- 0006_stream_cluster); raises OB001 when the same cluster's stored ids are ahead of its own
+select txid_offset, rebased, moved, recorded_system, this_system from outbox_stream_settle();
+
+-- stream_cluster: the stream's cluster, read only (the audit): the cluster its ids were stamped
+-- on and this one, the newest stored id and this cluster's next one (in the stream's ids), and
+-- when the database last moved
+select p.system_identifier,
+       (select c.system_identifier from pg_control_system() c),
+       greatest(p.txid, (select max(m.txid) from outbox_messages m))::text,
+       outbox_xid8_add(pg_snapshot_xmax(pg_current_snapshot()), p.txid_offset)::text,
+       p.txid_offset, p.previous_system_identifier, p.cluster_changed_at
+from outbox_relay_position p;
 
 -- record_batch: the batch's end and time, so that a stream row's publication time and retention are known
 insert into outbox_relay_batches (upto_txid, upto_seq, published_at, messages)
@@ -86,8 +116,9 @@ where o.detoured_at is not null
 order by o.txid, o.seq
 limit %(batch_size)s;
 
--- try_to_lead: take the relays' session advisory lock without waiting: true for the one relay that publishes, false for a standby
-select pg_try_advisory_lock(%(lock)s::bigint);
+-- try_to_lead: take the relays' session advisory lock without waiting: true for the one relay
+-- that publishes, false for a standby; and the server process that holds it
+select pg_try_advisory_lock(%(lock)s::bigint), pg_backend_pid();
 
 -- resign: release the relays' session advisory lock, so that a standby leads at once
 select pg_advisory_unlock(%(lock)s::bigint);

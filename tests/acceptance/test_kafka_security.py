@@ -179,6 +179,10 @@ def test_refusals_are_told_apart_from_an_unavailable_broker() -> None:
         "ssl://b:9093/bootstrap: Receive failed: error:0A00045C:SSL routines::tlsv13 alert "
         "certificate required: SSL alert number 116")))
     assert not kafka.refused(KafkaError(KafkaError._ALL_BROKERS_DOWN))
+    # This side's verification of the broker, reported as a transport error ahead of _SSL.
+    assert kafka.refused(KafkaError(KafkaError._TRANSPORT, (
+        "ssl://127.0.0.1:24528/bootstrap: error:0A000086:SSL routines::certificate verify"
+        " failed")))
 
 
 def test_repeated_client_errors_are_logged_once_a_minute() -> None:
@@ -207,8 +211,8 @@ def assert_refused_in_one_line(done_stderr: str, *, expect: str) -> None:
 
 
 def assert_nothing_touched() -> None:
-    """No row published, none leased, no attempt counted."""
-    assert all(r["published_at"] is None and r["claimed_by"] is None and r["attempts"] == 0
+    """No row published (the position passed none), none detoured, no attempt counted."""
+    assert all(r["published_at"] is None and r["detoured_at"] is None and r["attempts"] == 0
                for r in outbox_state())
 
 

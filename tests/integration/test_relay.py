@@ -13,6 +13,7 @@ import psycopg
 import pytest
 from django.db import connection
 
+from core.db import raw_connection
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from outbox import store
@@ -32,6 +33,7 @@ from tests.support.relay_support import (
     insert_outbox,
     interleaved_rows,
     outbox_state,
+    relay_lock_holders,
     relay_settings,
     unpublished_count,
     wait_for,
@@ -74,19 +76,8 @@ def test_events_reach_the_topic_with_key_payload_and_headers_intact(
     [two_documents] = [r.json() for r in records if r.key == str(shared.owner_user_id)]
     assert len(two_documents["documents"]) == 2
     # Published in the stream: by the position, with no row written after the insert.
-    assert all(r["published_at"] is not None and r["attempts"] == 0 and r["claimed_by"] is None
-               and r["detoured_at"] is None for r in outbox_state())
-
-
-def relay_lock_holders() -> list[int]:
-    """The sessions holding the relays' advisory lock on the test database (at most one)."""
-    with connection.cursor() as cursor:
-        cursor.execute("select pid from pg_locks where locktype = 'advisory' and granted"
-                       " and database = (select oid from pg_database"
-                       "                 where datname = current_database())"
-                       " and classid = %s and objid = %s and objsubid = 1",
-                       [store.RELAY_LOCK >> 32, store.RELAY_LOCK & 0xFFFF_FFFF])
-        return [int(r[0]) for r in cursor.fetchall()]
+    assert all(r["published_at"] is not None and r["attempts"] == 0 and r["detoured_at"] is None
+               for r in outbox_state())
 
 
 def test_one_relay_leads_and_a_standby_takes_over_when_its_session_dies_order_per_key_holds(
@@ -210,13 +201,15 @@ def test_only_one_relay_leads_at_a_time_and_resigning_hands_over(transactional_d
     other = psycopg.connect(test_database_url(), autocommit=True)
     try:
         with as_relay():
-            assert store.try_to_lead("default") is True
+            pid = store.try_to_lead("default")
+            assert pid is not None
+            assert pid == raw_connection("default").info.backend_pid  # the one holding the lock
             assert other.execute("select pg_try_advisory_lock(%s)",
                                  [store.RELAY_LOCK]).fetchone() == (False,)
             store.resign("default")
             assert other.execute("select pg_try_advisory_lock(%s)",
                                  [store.RELAY_LOCK]).fetchone() == (True,)
-            assert store.try_to_lead("default") is False
+            assert store.try_to_lead("default") is None
     finally:
         other.close()
 

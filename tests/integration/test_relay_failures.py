@@ -19,6 +19,7 @@ from core.config import ConfigError
 from core.db import backoff_delay
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
+from outbox import store
 from outbox.config import RelaySettings, load_relay_settings
 from outbox.kafka import broker_unavailable
 from outbox.relay import Relay
@@ -30,6 +31,7 @@ from tests.support.relay_support import (
     insert_outbox,
     interleaved_rows,
     outbox_state,
+    relay_lock_holders,
     relay_settings,
     unpublished_count,
     wait_for,
@@ -88,8 +90,10 @@ def test_one_pass_with_the_broker_down_releases_everything_and_reports_it(
         stats = Relay(settings).run_pass()
 
     assert (stats.batches, stats.released, stats.published, stats.failed) == (1, 3, 0, 0)
-    assert [(r["id"], r["attempts"], r["claimed_by"], r["available_at"]) for r in outbox_state()] \
-        == [(r.id, 0, None, None) for r in sorted(rows, key=lambda r: (r.created_at, r.id))]
+    # Still in the stream, ahead of the position: none published or detoured, no attempt.
+    assert [(r["id"], r["published_at"], r["detoured_at"], r["attempts"], r["available_at"])
+            for r in outbox_state()] \
+        == [(r.id, None, None, 0, None) for r in sorted(rows, key=lambda r: (r.created_at, r.id))]
 
 
 def test_a_poison_message_is_parked_while_other_keys_flow_and_holds_its_own_key(
@@ -206,8 +210,12 @@ def test_stop_before_a_batch_claims_nothing(transactional_db: None) -> None:
     stop = threading.Event()
     stop.set()
     with as_relay():
+        start = store.read_position("default")
         assert Relay(relay_settings("127.0.0.1:9"), stop=stop).publish_batch().claimed == 0
-    assert outbox_state()[0]["claimed_by"] is None
+        assert relay_lock_holders() == []  # it did not even take the lead
+        assert store.read_position("default") == start
+    [row] = outbox_state()
+    assert (row["published_at"], row["detoured_at"], row["attempts"]) == (None, None, 0)
 
 
 @pytest.mark.parametrize(

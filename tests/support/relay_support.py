@@ -18,6 +18,7 @@ from django.db import connection, connections
 from core.roles import RELAY_ROLE
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import Record
+from outbox import store
 from outbox.config import RelaySettings
 from outbox.relay import Relay
 from outbox.wakeup import Wakeup
@@ -155,6 +156,17 @@ def marking_held() -> Iterator[psycopg.Connection[Any]]:
             cursor.execute("drop trigger if exists hold_outbox_mark on outbox_messages;"
                            " drop trigger if exists hold_outbox_position on outbox_relay_position;"
                            " drop function if exists hold_outbox_mark()")
+
+
+def relay_lock_holders() -> list[int]:
+    """The sessions holding the relays' advisory lock on the test database (at most one)."""
+    with connection.cursor() as cursor:
+        cursor.execute("select pid from pg_locks where locktype = 'advisory' and granted"
+                       " and database = (select oid from pg_database"
+                       "                 where datname = current_database())"
+                       " and classid = %s and objid = %s and objsubid = 1",
+                       [store.RELAY_LOCK >> 32, store.RELAY_LOCK & 0xFFFF_FFFF])
+        return [int(r[0]) for r in cursor.fetchall()]
 
 
 def outbox_state() -> list[dict[str, Any]]:

@@ -3,6 +3,8 @@
 import os
 import threading
 from argparse import ArgumentParser
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -10,7 +12,7 @@ from django.core.management.base import CommandError
 
 from core import gauges
 from core.commands import EXIT_FAILED, ProjectCommand, stop_on_signals
-from core.config import parse_positive_int
+from core.config import ConfigError, parse_duration_or_zero, parse_positive_int
 from core.db import DatabaseErrors
 from core.failures import classify_on
 from core.health import Heartbeat, database_ready
@@ -34,9 +36,12 @@ class Command(ProjectCommand):
         "publish what is deliverable now "
         "and exit; --loop runs until SIGTERM/SIGINT, woken by new rows (LISTEN/NOTIFY) or every "
         "OUTBOX_POLL_INTERVAL. Exit codes: 0 done (or stopped by a signal), 1 not everything "
-        "went out (broker unavailable, messages failed or parked, database lost; nothing is "
-        "lost, run again) or the broker refused the credentials or TLS handshake (also with "
-        "--loop), 2 bad configuration or usage."
+        "went out (the broker did not answer or was unavailable, messages failed or parked, "
+        "rows held back past --held-bound by a transaction open on the database server, "
+        "database lost; nothing is lost, run again), or the broker refused the credentials or "
+        "TLS handshake, or the stream's position is ahead of its cluster's transaction ids "
+        "(also with --loop), 2 bad configuration or usage (also a connection pooler that pools "
+        "by transaction between the relay and PostgreSQL)."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -44,6 +49,10 @@ class Command(ProjectCommand):
                             help="publish continuously until SIGTERM/SIGINT")
         parser.add_argument("--batch-size", metavar="N",
                             help="rows per batch (overrides OUTBOX_BATCH_SIZE)")
+        parser.add_argument("--held-bound", metavar="DURATION", default="60s",
+                            help="one pass: how long to wait for rows held back by a "
+                            "transaction open on the database server before exiting 1 "
+                            "(default 60s; 0 does not wait)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = load_relay_settings(os.environ)
@@ -52,12 +61,10 @@ class Command(ProjectCommand):
             settings = settings.with_overrides(
                 batch_size=parse_positive_int("--batch-size", options["batch_size"]))
             validate(settings)
-        with stop_on_signals() as stop:
+        held_bound = parse_duration_or_zero("--held-bound", options["held_bound"])
+        with stop_on_signals() as stop, refusals_as_exit_codes():
             if options["loop"]:
-                try:
-                    self._loop(settings, stop)
-                except kafka.KafkaRefusedError as exc:
-                    raise CommandError(str(exc), returncode=EXIT_FAILED) from None
+                self._loop(settings, stop)
                 return
             # A bar on a terminal (log lines above it); nothing but the log elsewhere.
             progress = ProgressBar("outbox messages", "msg")
@@ -67,10 +74,8 @@ class Command(ProjectCommand):
                 with progress:
                     if progress.enabled:
                         progress(0, store.backlog(relay.using).unpublished)
-                    stats = relay.run_pass()
+                    stats = relay.run_pass(held_bound.total_seconds())
                 backlog = store.backlog(relay.using)
-            except kafka.KafkaRefusedError as exc:
-                raise CommandError(str(exc), returncode=EXIT_FAILED) from None
             except DatabaseErrors as exc:
                 failure = classify_on(exc, relay.using)
                 raise CommandError(f"relay pass failed: {failure.reason}",
@@ -78,10 +83,26 @@ class Command(ProjectCommand):
             finally:
                 relay.close()
         self._summarise(stats, backlog)
-        if not stop.is_set() and (stats.released or stats.failed):
+        if stop.is_set():
+            return
+        if stats.released or stats.failed:
             raise CommandError(
                 f"not everything was delivered: {stats.released} released (broker unavailable), "
                 f"{stats.failed} failed, {stats.parked} parked; run again",
+                returncode=EXIT_FAILED,
+            )
+        if stats.held_for_s:
+            raise CommandError(
+                f"{backlog.unpublished} message(s) still unpublished: the stream is held back by "
+                f"a transaction open on the database server for {stats.held_for_s:.0f}s or more "
+                "(docs/runbooks/outbox-backlog.md, \"The stream is held back\"); run again",
+                returncode=EXIT_FAILED,
+            )
+        if not stats.broker_answered:
+            raise CommandError(
+                "the broker did not answer within OUTBOX_DELIVERY_TIMEOUT "
+                f"({settings.delivery_timeout.total_seconds():.0f}s): check "
+                "KAFKA_BOOTSTRAP_SERVERS and that Kafka is up; run again",
                 returncode=EXIT_FAILED,
             )
 
@@ -107,6 +128,21 @@ class Command(ProjectCommand):
             f"  parked                         {stats.parked}",
             f"  pruned                         {stats.pruned}",
             *(["  stood by: another relay was publishing"] if stats.stood_by else []),
+            *(["  broker: no answer to the metadata request"] if not stats.broker_answered
+              else []),
+            *([f"  held back by an open transaction  {stats.held_for_s:.0f}s"]
+              if stats.held_for_s else []),
             f"  still unpublished              {backlog.unpublished}",
             f"  parked in total                {backlog.parked}",
         ]))
+
+
+@contextmanager
+def refusals_as_exit_codes() -> Iterator[None]:
+    """What makes the relay refuse to go on, as one line and an exit code (a pass and --loop)."""
+    try:
+        yield
+    except (kafka.KafkaRefusedError, store.StreamAheadError) as exc:
+        raise CommandError(str(exc), returncode=EXIT_FAILED) from None
+    except store.SessionChangedError as exc:
+        raise ConfigError("DATABASE_URL", str(exc)) from None
