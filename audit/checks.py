@@ -24,6 +24,7 @@ from audit.report import AuditReport, CheckResult, Finding, Status
 from audit.topic import TopicEvent, TopicReader, reconcile
 from core.db import one, server_cursor
 from core.queries import QueryFile
+from outbox import store as outbox_store
 from reminders import events, rules
 from reminders.config import parse_thresholds
 from reminders.models import SUCCESSFUL_STATUSES
@@ -35,7 +36,7 @@ DEFAULT_SINCE = timedelta(days=7)
 FINDINGS: dict[str, tuple[str, ...]] = {
     "ledger_outbox": ("marker_without_event", "event_without_marker", "notified_twice"),
     "left_behind": ("left_behind",),
-    "relay_position": (),
+    "relay_position": ("position_of_another_cluster", "position_ahead"),
     "relay_waits": ("waited_too_long",),
     "parked": ("parked",),
     "topic": ("missing_from_topic", "unknown_on_topic", "duplicated_on_topic", "out_of_order"),
@@ -204,11 +205,29 @@ def check_left_behind(using: str, options: AuditOptions) -> CheckResult:
 # --- 3. the relay --------------------------------------------------------------------------
 
 def check_relay_position(using: str) -> CheckResult:
-    """The stream position belongs to this cluster and is not ahead of its transaction ids.
-    Not checked yet: it needs the cluster recorded with the position (outbox.store)."""
-    return CheckResult("relay_position", "relay position belongs to this cluster",
-                       Status.NOT_CHECKED, note="not checked: needs the position's cluster "
-                                                "(outbox.store), not in this version")
+    """The stream position belongs to this cluster and is not ahead of its transaction ids
+    (outbox.store.stream_cluster, read only: nothing is re-based)."""
+    cluster = outbox_store.stream_cluster(using)
+    ids = [{"recorded_system": cluster.recorded_system, "this_system": cluster.this_system,
+            "newest_txid": cluster.newest_txid, "next_txid": cluster.next_txid}]
+    moved = cluster.recorded_system != cluster.this_system
+    note = (f"moved from cluster {cluster.previous_system} at {cluster.changed_at.isoformat()}"
+            if cluster.changed_at is not None and cluster.previous_system is not None else "")
+    return CheckResult.of("relay_position", "relay position belongs to this cluster",
+                          {"positions": 1}, [
+        Finding("position_of_another_cluster", int(moved),
+                "the stream's ids were stamped on another cluster (a dump/restore, an upgrade, "
+                "a failover to a copy): the relay re-bases them when it next runs",
+                "let one relay pass run (it re-bases the stream, docs/outbox-relay.md, 'The "
+                "stream on a new cluster'), then audit again with --against-topic",
+                ids if moved else []),
+        Finding("position_ahead", int(not moved and cluster.ahead),
+                "stored stream ids are at or past this cluster's next transaction id: rows "
+                "written now would sort behind the position and never be sent",
+                "stop the relays and follow docs/runbooks/outbox-backlog.md, 'The stream is "
+                "ahead of its cluster'; do not edit the position by hand",
+                ids if not moved and cluster.ahead else []),
+    ], note)
 
 
 def check_relay_waits(using: str, options: AuditOptions, since: datetime,

@@ -23,6 +23,7 @@ $$;
 alter role pin_reminder_worker set search_path = profile, public;
 alter role pin_outbox_relay set search_path = profile, public;
 alter role pin_admin_web set search_path = profile, public;
+alter role pin_reminder_auditor set search_path = profile, public;
 
 -- The reminder worker: reads only the open columns of person_documents (payload_cipher is
 -- unreadable, the table unwritable), owns the ledger and the run history, appends to the outbox.
