@@ -36,6 +36,7 @@ INSTALLED_APPS = [
     # Counts the admin's requests; gunicorn's worker serves them on METRICS_ADDR
     # (pin_profile/gunicorn_conf.py), never on the admin's public port.
     "django_prometheus",
+    "audit",
 ]
 
 MIDDLEWARE = [
@@ -140,7 +141,7 @@ LOGGING = {
     },
     "loggers": {
         app: {"handlers": ["stderr"], "level": LOG_LEVEL, "propagate": False}
-        for app in ("core", "reminders", "outbox", "devtools")
+        for app in ("core", "reminders", "outbox", "audit", "devtools")
     },
     "root": {"handlers": ["stderr"], "level": "WARNING"},
 }

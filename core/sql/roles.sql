@@ -12,6 +12,9 @@ begin
     if not exists (select from pg_roles where rolname = 'pin_admin_web') then
         create role pin_admin_web login;
     end if;
+    if not exists (select from pg_roles where rolname = 'pin_reminder_auditor') then
+        create role pin_reminder_auditor login;
+    end if;
 end
 $$;
 
@@ -20,6 +23,7 @@ $$;
 alter role pin_reminder_worker set search_path = profile, public;
 alter role pin_outbox_relay set search_path = profile, public;
 alter role pin_admin_web set search_path = profile, public;
+alter role pin_reminder_auditor set search_path = profile, public;
 
 -- The reminder worker: reads only the open columns of person_documents (payload_cipher is
 -- unreadable, the table unwritable), owns the ledger and the run history, appends to the outbox.
@@ -75,3 +79,15 @@ grant select, insert, update, delete on profile.auth_user, profile.auth_group,
     profile.django_session to pin_admin_web;
 grant select, insert, delete on profile.django_admin_log to pin_admin_web;
 grant select on profile.django_content_type, profile.auth_permission to pin_admin_web;
+
+-- The audit (manage.py audit_reminders): reads, never writes. Of person_documents what the
+-- left-behind check filters on (never payload_cipher or number_mask); the ledger, the run
+-- history, the outbox and the relay's state whole. Its sessions are read-only as well.
+grant usage on schema profile to pin_reminder_auditor;
+revoke all on profile.person_documents from pin_reminder_auditor;
+grant select (id, owner_user_id, expires_at, status, deleted_at, updated_at)
+    on profile.person_documents to pin_reminder_auditor;
+grant select on profile.document_expiry_reminders, profile.document_expiry_reminder_runs,
+    profile.outbox_messages, profile.outbox_relay_position, profile.outbox_relay_batches
+    to pin_reminder_auditor;
+alter role pin_reminder_auditor set default_transaction_read_only = on;

@@ -37,6 +37,9 @@ SAMPLE = {
     "upto_seq": 5, "published_at": datetime(2026, 11, 29, 3, 0, tzinfo=UTC), "messages": 5,
     "attempted": [True], "leader_pid": 1,
     "lock": 1,
+    "until": datetime.now(UTC), "pruning_statuses": ["succeeded"], "pruned_before": "2026-08-31",
+    "uuid_pattern": "^[0-9a-f-]{36}$", "started_at": datetime.now(UTC), "max_documents": 500,
+    "now": datetime.now(UTC), "bound": timedelta(hours=26),
 }
 # Every named query of the project, as "file stem: name".
 NAMED = {f"{path.parent.parent.name}/{path.stem}: {name}": sql
@@ -51,7 +54,7 @@ def test_parse_queries_splits_named_blocks() -> None:
 
 
 def test_every_app_with_statements_is_covered() -> None:
-    assert {key.split("/")[0] for key in NAMED} == {"core", "reminders", "outbox"}
+    assert {key.split("/")[0] for key in NAMED} == {"core", "reminders", "outbox", "audit"}
 
 
 @pytest.mark.parametrize("name", sorted(NAMED))

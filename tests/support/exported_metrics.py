@@ -22,6 +22,7 @@ from tests.conftest import command_env, manage_py
 
 DEADLINE_S = 90.0
 RELAY_ROLE = "pin_outbox_relay"  # docs/design.md §6; the relay's scrape needs only its name
+AUDITOR_ROLE = "pin_reminder_auditor"
 # Sample names per family type (the `_created` series are disabled in the code).
 SUFFIXES = {
     "counter": ("_total",),
@@ -112,14 +113,15 @@ def scrape_process(command: list[str], env: dict[str, str], log: Path,
 
 
 def exported_metric_names(tmp_path: Path, kafka_bootstrap: str) -> set[str]:
-    """Sample names the worker and the relay serve on /metrics (scraped once per session).
-    Needs a migrated database the worker role may use, and a broker for the relay."""
+    """Sample names the worker, the relay and the audit serve on /metrics (scraped once per
+    session). Needs a migrated database the worker role may use, and a broker for the relay."""
     scraped = exported_metric_names_by_process(tmp_path, kafka_bootstrap)
-    return scraped["worker"] | scraped["relay"]
+    return scraped["worker"] | scraped["relay"] | scraped["audit"]
 
 
 def exported_metric_names_by_process(tmp_path: Path, kafka_bootstrap: str) -> dict[str, set[str]]:
-    """{"worker": names, "relay": names}: what each process serves (scraped once per session)."""
+    """{"worker": names, "relay": names, "audit": names}: what each process serves (scraped
+    once per session)."""
     if not _scraped:
         worker = scrape_process(
             ["run_expiry_reminders", "--loop"], command_env(), tmp_path / "worker.log",
@@ -131,5 +133,10 @@ def exported_metric_names_by_process(tmp_path: Path, kafka_bootstrap: str) -> di
         relay = scrape_process(
             ["publish_outbox", "--loop"], relay_env, tmp_path / "relay.log",
             lambda text, _log: "profile_outbox_unpublished_messages " in text)
+        audit = scrape_process(
+            ["audit_reminders", "--loop"], command_env(AUDITOR_ROLE), tmp_path / "audit.log",
+            lambda text, log: '"event":"audit completed"' in log
+            and "profile_document_expiry_reminder_audit_findings{" in text)
         _scraped["worker"], _scraped["relay"] = sample_names(worker), sample_names(relay)
+        _scraped["audit"] = sample_names(audit)
     return dict(_scraped)

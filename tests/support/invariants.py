@@ -19,11 +19,15 @@ import json
 import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from django.db import connection, transaction
 
+from audit.checks import AuditOptions, run_audit
+from core.roles import AUDITOR_ROLE
+from reminders import events
+from tests.support.db_roles import as_role
 from tests.support.reference import RefDocument, ReferenceLedger
 
 
@@ -262,6 +266,7 @@ def check_invariants(*, documents_before: str, model: ReferenceLedger | None = N
     shortest retention any run used (markers older than that may have been pruned). `snap`: a
     snapshot already taken (e.g. for `tally`), checked instead of a new one."""
     snap = check_structure(snap or snapshot(retention_days))
+    check_audit(retention_days=retention_days)
     if model is not None:
         check_matches_model(model, snap)
     assert documents_md5() == documents_before, "invariant (e) broken: person_documents changed"
@@ -306,3 +311,21 @@ def check_matches_recorded_runs(documents: list[RefDocument], thresholds: tuple[
           sorted((o for o in owners
                   if all(got.get(o, empty) != states.get(o, empty) for states in allowed)), key=str))
     return len(histories)
+
+
+def check_audit(*, retention_days: int = 90, checks: tuple[str, ...] = ("ledger_outbox",),
+                max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT) -> None:
+    """What manage.py audit_reminders says of the same data, as its role: (a) and (b) are its
+    ledger_outbox check, whose findings must be none; `checks` may add left_behind after a
+    loop cycle. The window reaches a day past now on either clock (faketime moves the
+    worker's)."""
+    with connection.cursor() as cursor:
+        cursor.execute("reset role")
+    with as_role(AUDITOR_ROLE):
+        report = run_audit(AuditOptions(
+            as_of=datetime.now(UTC) + timedelta(days=1), since=timedelta(days=30),
+            outbox_retention=timedelta(days=3650), retention_days=retention_days,
+            max_documents_per_event=max_documents_per_event))
+    _fail(f"audit {', '.join(checks)} clean",
+          [(c.name, f.code, f.count, f.ids[:3]) for c in report.checks if c.name in checks
+           for f in c.findings])

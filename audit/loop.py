@@ -1,0 +1,70 @@
+"""`audit_reminders --loop`: the audit once per interval, its last findings per check as
+metrics on METRICS_ADDR (docs/operations.md, "Auditing the reminders"; the alert
+DocumentExpiryReminderAuditFindings)."""
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
+
+from audit.report import AuditReport, Status
+from core.logs import log_event
+
+logger = logging.getLogger("audit.loop")
+
+
+@dataclass
+class AuditMetrics:
+    """The last audit's findings by check and finding; when it last completed; its failures."""
+
+    registry: CollectorRegistry = field(default_factory=lambda: REGISTRY)
+
+    def __post_init__(self) -> None:
+        self.findings = Gauge(
+            "profile_document_expiry_reminder_audit_findings",
+            "Findings of the last completed audit, by check and finding (0: clean); a check "
+            "not run has no series", ["check", "finding"], registry=self.registry)
+        self.last_completed = Gauge(
+            "profile_document_expiry_reminder_audit_last_completed_timestamp_seconds",
+            "When the last audit completed (Unix time)", registry=self.registry)
+        self.failures = Counter(
+            "profile_document_expiry_reminder_audit_failures",
+            "Audits that could not complete (database or broker unavailable)",
+            registry=self.registry)
+
+    def record(self, report: AuditReport, codes: dict[str, tuple[str, ...]]) -> None:
+        """Every finding of every check that ran, 0 when clean; a check not run is dropped."""
+        for check in report.checks:
+            counts = {f.code: f.count for f in check.findings}
+            for code in codes.get(check.name, ()):
+                if check.status is Status.NOT_CHECKED:
+                    with contextlib.suppress(KeyError):  # never set
+                        self.findings.remove(check.name, code)
+                else:
+                    self.findings.labels(check.name, code).set(counts.get(code, 0))
+        self.last_completed.set(time.time())
+
+
+def run_audit_loop(audit: Callable[[], AuditReport], every: timedelta, *, stop: threading.Event,
+                   metrics: AuditMetrics, codes: dict[str, tuple[str, ...]],
+                   failures: tuple[type[BaseException], ...]) -> None:
+    """Audit now, then once per `every`, until `stop`; a failure (one of `failures`) is
+    logged and counted, and the next audit is at the next interval."""
+    while not stop.is_set():
+        try:
+            report = audit()
+        except failures as exc:
+            metrics.failures.inc()
+            log_event(logger, logging.ERROR, "audit failed", error=str(exc).splitlines()[0])
+        else:
+            metrics.record(report, codes)
+            log_event(logger, logging.WARNING if report.findings else logging.INFO,
+                      "audit completed", findings=report.findings,
+                      by_check={c.name: sum(f.count for f in c.findings) for c in report.checks
+                                if c.status is not Status.NOT_CHECKED})
+        stop.wait(every.total_seconds())

@@ -1,0 +1,133 @@
+"""manage.py audit_reminders: the invariants the tests hold, checked read-only on the live
+database (and with --against-topic on Kafka); docs/operations.md, "Auditing the reminders"."""
+
+import dataclasses
+import os
+from argparse import ArgumentParser
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.core.management.base import CommandError
+from django.db import connections
+
+from audit.checks import FINDINGS, AuditOptions, run_audit
+from audit.loop import AuditMetrics, run_audit_loop
+from audit.report import AuditReport, render_json, render_text
+from audit.topic import BrokerRefusedError, BrokerUnavailableError, TopicReader
+from core.commands import EXIT_FAILED, EXIT_USAGE, ProjectCommand, stop_on_signals, usage_error
+from core.config import parse_duration, parse_positive_int
+from core.db import DatabaseErrors
+from core.failures import FailureKind, classify_on
+from core.health import Heartbeat, database_ready
+from core.ops_server import Probes, ops_server_from_env
+from outbox.config import load_relay_settings
+from reminders.cli import parse_as_of
+from reminders.config import load_settings
+
+EXIT_UNAVAILABLE = 3
+
+
+class Command(ProjectCommand):
+    help = (
+        "Audit the reminders, read-only: the ledger against the outbox over the window "
+        "(--since before --as-of), nothing due left behind by the last succeeded loop cycle, "
+        "the relay's waits and parked events, and with --against-topic the outbox against "
+        "Kafka (the relay's KAFKA_* settings). Exit codes: 0 clean, 1 findings, 2 bad "
+        "configuration or usage, 3 database or broker unavailable."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("--as-of", metavar="DATE|INSTANT",
+                            help="end of the window, ISO date or instant in UTC (default: now)")
+        parser.add_argument("--since", metavar="DURATION", default="7d",
+                            help="length of the window before --as-of (7d), at most "
+                                 "OUTBOX_RETENTION back from now")
+        parser.add_argument("--max-wait", metavar="DURATION",
+                            help="longest an event may wait for the relay (default: "
+                                 "REMINDER_POLLING_INTERVAL plus 2h)")
+        parser.add_argument("--against-topic", action="store_true",
+                            help="also reconcile the window's events with the topic")
+        parser.add_argument("--kafka-timeout", metavar="DURATION", default="60s",
+                            help="time to read the topic's window to its end (60s)")
+        parser.add_argument("--limit", metavar="N", default="20",
+                            help="ids listed per finding (20); the counts are whole")
+        parser.add_argument("--format", choices=("text", "json"), default="text",
+                            help="text for a person (default), json for a script")
+        parser.add_argument("--loop", action="store_true",
+                            help="audit now and then once per --every, its last findings per "
+                                 "check as metrics on METRICS_ADDR; no --as-of")
+        parser.add_argument("--every", metavar="DURATION",
+                            help="with --loop: time between audits (default: "
+                                 "REMINDER_POLLING_INTERVAL)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        settings = load_settings(os.environ)
+        relay = load_relay_settings(os.environ, need_kafka=options["against_topic"])
+        if options["loop"] and options["as_of"]:
+            raise usage_error("--loop takes no --as-of: each audit ends at its own now")
+        if options["every"] and not options["loop"]:
+            raise usage_error("--every goes with --loop")
+        as_of = parse_as_of(options["as_of"]) if options["as_of"] else datetime.now(UTC)
+        if as_of > datetime.now(UTC):
+            raise usage_error(f"--as-of {as_of.isoformat()} is in the future")
+        audit = AuditOptions(
+            as_of=as_of,
+            since=parse_duration("--since", options["since"]),
+            retention_days=settings.retention_days,
+            outbox_retention=relay.retention,
+            max_wait=parse_duration("--max-wait", options["max_wait"]) if options["max_wait"]
+            else settings.max_silence,
+            limit=parse_positive_int("--limit", options["limit"]),
+            topic_reader=TopicReader(relay, timeout_s=parse_duration(
+                "--kafka-timeout", options["kafka_timeout"]).total_seconds())
+            if options["against_topic"] else None,
+        )
+        if options["loop"]:
+            every = (parse_duration("--every", options["every"]) if options["every"]
+                     else settings.polling_interval)
+            self._loop(audit, every)
+            return
+        try:
+            report = run_audit(audit)
+        except DatabaseErrors as exc:
+            failure = classify_on(exc, "default")
+            code = EXIT_USAGE if failure.kind is FailureKind.MISSING else EXIT_UNAVAILABLE
+            raise CommandError(f"audit failed: {failure.reason}", returncode=code) from None
+        except BrokerRefusedError as exc:
+            raise CommandError(f"audit failed: {exc}", returncode=EXIT_USAGE) from None
+        except BrokerUnavailableError as exc:
+            raise CommandError(f"audit failed: {exc}", returncode=EXIT_UNAVAILABLE) from None
+        self.stdout.write(render_json(report) if options["format"] == "json"
+                          else render_text(report))
+        if report.findings:
+            raise CommandError(f"audit found {report.findings} finding(s)",
+                               returncode=EXIT_FAILED)
+
+    def _loop(self, audit: AuditOptions, every: timedelta) -> None:
+        """--loop, with METRICS_ADDR's /metrics, /healthz (an audit within two intervals, or
+        its failure) and /readyz (the database answers)."""
+        beat = Heartbeat(timeout=2 * every + timedelta(minutes=10))
+        metrics = AuditMetrics()
+        server = ops_server_from_env(os.environ, Probes(beat.liveness, database_ready))
+
+        def audit_now() -> AuditReport:
+            beat.beat()
+            try:
+                return run_audit(dataclasses.replace(audit, as_of=datetime.now(UTC)))
+            except DatabaseErrors:
+                connections["default"].close()  # a fresh connection next time
+                raise
+            finally:
+                beat.beat()
+
+        if server is not None:
+            server.start()
+        try:
+            with stop_on_signals() as stop:
+                run_audit_loop(audit_now, every, stop=stop, metrics=metrics, codes=FINDINGS,
+                               failures=(*DatabaseErrors, BrokerUnavailableError,
+                                         BrokerRefusedError))
+        finally:
+            if server is not None:
+                server.stop()
+

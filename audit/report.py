@@ -1,0 +1,112 @@
+"""What an audit found, check by check: the shapes the checks return and the command prints
+(text for a person, JSON for a script)."""
+
+import json
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+RUNBOOK = "docs/operations.md"
+
+
+class Status(StrEnum):
+    CLEAN = "clean"
+    FINDINGS = "findings"
+    NOT_CHECKED = "not checked"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One kind of disagreement: how many, some of their ids, what it means, what to do."""
+
+    code: str
+    count: int
+    what: str
+    action: str
+    ids: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def runbook(self) -> str:
+        return f"{RUNBOOK}#audit-{self.code.replace('_', '-')}"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckResult:
+    """One check: what it examined (row counts by name) and what it found."""
+
+    name: str
+    title: str
+    status: Status
+    examined: dict[str, int] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    note: str = ""
+    seconds: float = 0.0  # how long the check took (set by run_audit)
+
+    @classmethod
+    def of(cls, name: str, title: str, examined: dict[str, int], findings: list[Finding],
+           note: str = "") -> "CheckResult":
+        found = [f for f in findings if f.count]
+        return cls(name, title, Status.FINDINGS if found else Status.CLEAN, examined, found, note)
+
+
+@dataclass(frozen=True, slots=True)
+class AuditReport:
+    as_of: datetime
+    since: datetime
+    database_now: datetime
+    checks: list[CheckResult]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def findings(self) -> int:
+        return sum(f.count for c in self.checks for f in c.findings)
+
+    def check(self, name: str) -> CheckResult:
+        return next(c for c in self.checks if c.name == name)
+
+    def as_dict(self) -> dict[str, Any]:
+        def finding(f: Finding) -> dict[str, Any]:
+            return {**asdict(f), "runbook": f.runbook}
+
+        return {
+            "as_of": self.as_of.isoformat(),
+            "since": self.since.isoformat(),
+            "database_now": self.database_now.isoformat(),
+            "findings": self.findings,
+            "notes": self.notes,
+            "checks": [{"name": c.name, "title": c.title, "status": str(c.status),
+                        "examined": c.examined, "note": c.note, "seconds": round(c.seconds, 3),
+                        "findings": [finding(f) for f in c.findings]} for c in self.checks],
+        }
+
+
+def render_json(report: AuditReport) -> str:
+    return json.dumps(report.as_dict(), default=str, sort_keys=False)
+
+
+def _ids(ids: list[dict[str, Any]]) -> str:
+    return "; ".join(" ".join(f"{k}={v}" for k, v in item.items()) for item in ids)
+
+
+def render_text(report: AuditReport) -> str:
+    """A short summary: the window, each check with what it read, each finding with its ids and
+    what to do; the last line is the verdict."""
+    lines = [f"audit of {report.since.isoformat()} .. {report.as_of.isoformat()} "
+             f"(database clock {report.database_now.isoformat()})"]
+    lines += [f"  note: {note}" for note in report.notes]
+    for check in report.checks:
+        examined = ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in check.examined.items())
+        lines.append(f"[{check.status}] {check.title}" + (f": {examined}" if examined else ""))
+        if check.note:
+            lines.append(f"    {check.note}")
+        for f in check.findings:
+            shown = f" (first {len(f.ids)})" if f.ids and len(f.ids) < f.count else ""
+            lines.append(f"    {f.code}: {f.count}: {f.what}")
+            if f.ids:
+                lines.append(f"      ids{shown}: {_ids(f.ids)}")
+            lines.append(f"      do: {f.action} ({f.runbook})")
+    total = report.findings
+    lines.append("audit clean: no findings" if total == 0
+                 else f"audit found {total} finding(s)")
+    return "\n".join(lines)

@@ -1,0 +1,181 @@
+-- Every SQL statement of the audit (manage.py audit_reminders), by name. Loaded by audit.checks.
+-- Blocks start with `-- name: description`. Parameters are psycopg's %(name)s.
+-- Read-only: the audit's transaction is `repeatable read, read only`, one snapshot for every
+-- check. Events are matched to markers on text (the headers and the payload are JSON), so a
+-- malformed row is a finding, never a failed cast.
+
+-- audit_snapshot: the audit's one transaction is one snapshot for every check, and writes nothing
+set transaction isolation level repeatable read, read only;
+
+-- audit_session: memory enough for the audit's transaction to hash the window's markers and event items (a daily read of a few hundred thousand rows; a merge of them would sort each side)
+set local work_mem = '128MB';
+
+-- snapshot_clock: the database's clock, once, in the audit's snapshot (the window's cutoffs and the waits are measured on it)
+select now();
+
+-- ledger_outbox_findings: the runs of the window (notified markers reminded in it, or events written in it), and what disagrees between their markers and their events: a notified marker no event of its run lists (at its threshold and expiry), an event item with no marker of its run, and an item listed twice
+with scope_runs as (
+    select distinct run_id::text as run_id
+    from document_expiry_reminders
+    where notified
+      and reminded_at >= %(since)s and reminded_at <= %(until)s
+    union
+    select distinct headers ->> 'correlation_id'
+    from outbox_messages
+    where created_at >= %(since)s and created_at <= %(until)s
+      and event_type = %(event_type)s
+),
+events as materialized (
+    select m.id, m.aggregate_id, m.headers ->> 'correlation_id' as run_id, m.payload
+    from outbox_messages m
+    where m.headers ->> 'correlation_id' in (select run_id from scope_runs)
+      and m.event_type = %(event_type)s
+),
+items as materialized (
+    select e.id as message_id, e.aggregate_id as owner_user_id, e.run_id,
+           i.item ->> 'documentId' as document_id,
+           i.item ->> 'thresholdDays' as threshold_days,
+           i.item ->> 'expiresAt' as expires_at,
+           concat_ws('|', e.run_id, e.aggregate_id, i.item ->> 'documentId',
+                     i.item ->> 'thresholdDays', i.item ->> 'expiresAt') as key
+    from events e
+    cross join lateral jsonb_array_elements(
+        case when jsonb_typeof(e.payload -> 'documents') = 'array'
+             then e.payload -> 'documents' else '[]'::jsonb end) as i(item)
+),
+markers as materialized (
+    select r.document_id::text as document_id, r.threshold_days::text as threshold_days,
+           r.expires_at::text as expires_at, r.run_id::text as run_id,
+           concat_ws('|', r.run_id, r.owner_user_id, r.document_id, r.threshold_days,
+                     r.expires_at) as key
+    from document_expiry_reminders r
+    where r.notified
+      and r.run_id::text in (select run_id from scope_runs)
+)
+-- each side's rows against the other's keys, one text key a side (a hash anti-join)
+select 'marker_without_event' as finding, m.document_id, m.threshold_days, m.expires_at,
+       m.run_id, null::text as message_id
+from markers m
+where not exists (select 1 from items i where i.key = m.key)
+union all
+-- an item without its marker, unless the marker was pruned since (its expiry left the
+-- retention) or re-armed in place for a new expiry date (the document was renewed)
+select 'event_without_marker', i.document_id, i.threshold_days, i.expires_at, i.run_id,
+       i.message_id::text
+from items i
+where not exists (select 1 from markers m where m.key = i.key)
+  and not (i.expires_at ~ '^\d{4}-\d{2}-\d{2}$' and i.expires_at < %(pruned_before)s::text)
+  and not exists (
+    select 1 from document_expiry_reminders r
+    where r.document_id = case when i.document_id ~* %(uuid_pattern)s
+                               then i.document_id::uuid end
+      and r.threshold_days = case when i.threshold_days ~ '^-?[0-9]{1,9}$'
+                                  then i.threshold_days::int end
+      and r.expires_at::text <> i.expires_at)
+union all
+select 'notified_twice', i.document_id, i.threshold_days, i.expires_at,
+       string_agg(distinct i.run_id, ',' order by i.run_id),
+       string_agg(i.message_id::text, ',' order by i.message_id::text)
+from items i
+group by i.document_id, i.threshold_days, i.expires_at
+having count(*) > 1
+union all
+select 'counted', (select count(*) from markers)::text, (select count(*) from items)::text,
+       (select count(*) from events)::text, (select count(*) from scope_runs)::text, null;
+
+-- last_loop_cycle: the last loop cycle that finished with nothing left (succeeded), and the as-of of the newest cycle that pruned (markers before its cutoff may be gone)
+select r.run_id, r.as_of, r.started_at, r.thresholds,
+       (select max(p.as_of) from document_expiry_reminder_runs p
+        where p.status = any(%(pruning_statuses)s::text[])) as pruned_as_of
+from document_expiry_reminder_runs r
+where r.status = 'succeeded'
+  and r.trigger = 'loop'
+order by r.started_at desc
+limit 1;
+
+-- latest_pruning_run: the as-of of the newest cycle that pruned (markers before its cutoff may be gone)
+select max(as_of) from document_expiry_reminder_runs where status = any(%(pruning_statuses)s::text[]);
+
+-- left_behind: documents that were due at a cycle's as-of (a crossed threshold without a marker for the document's current expiry date) and are still: the ones unchanged since the cycle started, and a count of those changed since (excepted); an owner whose event of the run is full (max_documents) legitimately has the rest left for the next cycle
+with due as (
+    select d.id, d.owner_user_id, d.expires_at, d.updated_at >= %(started_at)s as changed
+    from person_documents d
+    where d.status = 'Active'
+      and d.deleted_at is null
+      and d.expires_at is not null
+      and d.expires_at >= %(window_start)s
+      and d.expires_at < %(window_end)s
+      and exists (
+          select 1
+          from unnest(%(thresholds)s::int[]) as t(threshold_days)
+          where (d.expires_at at time zone 'UTC')::date - %(as_of_date)s::date <= t.threshold_days
+            and not exists (
+                select 1 from document_expiry_reminders r
+                where r.document_id = d.id and r.threshold_days = t.threshold_days
+                  and r.expires_at = (d.expires_at at time zone 'UTC')::date))
+),
+full_owners as (
+    select m.aggregate_id
+    from outbox_messages m
+    where m.headers ->> 'correlation_id' = %(run_id)s::text
+      and m.event_type = %(event_type)s
+      and jsonb_array_length(m.payload -> 'documents') >= %(max_documents)s
+)
+select d.id, d.owner_user_id, (d.expires_at at time zone 'UTC')::date, d.changed
+from due d
+where d.changed
+   or d.owner_user_id::text not in (select aggregate_id from full_owners)
+order by d.changed, d.expires_at, d.id;
+
+-- waited_too_long: events of the window, and every event still waiting wherever it was written, that waited (until published, or until now) longer than the bound; parked rows are listed apart
+with candidates as (
+    select m.id from outbox_messages m
+    where m.created_at >= %(since)s and m.created_at <= %(until)s
+    union
+    select m.id from outbox_messages m
+    where (m.txid, m.seq) > ((select p.txid from outbox_relay_position p),
+                             (select p.seq from outbox_relay_position p))
+      and m.detoured_at is null
+    union
+    select m.id from outbox_messages m
+    where m.detoured_at is not null and m.published_at is null
+),
+waits as (
+    select m.id, m.message_key, m.created_at, outbox_published_at(m) as published_at
+    from outbox_messages m
+    where m.id in (select id from candidates)
+      and m.parked_at is null
+)
+select w.id, w.message_key, w.created_at, w.published_at,
+       extract(epoch from coalesce(w.published_at, %(now)s) - w.created_at)::float8 as waited_s,
+       (select count(*) from waits) as examined
+from waits w
+where coalesce(w.published_at, %(now)s) - w.created_at > %(bound)s::interval
+order by w.created_at, w.id;
+
+-- count_window_events: how many events the window holds (what the wait check examined when nothing waited too long)
+select count(*) from outbox_messages
+where created_at >= %(since)s and created_at <= %(until)s;
+
+-- parked_events: every parked event (the relay gave up on it), oldest first, with its error and the rows of its key held behind it
+select p.id, p.message_key, p.attempts, p.parked_at, p.last_error,
+       (select count(*) from outbox_messages b
+        where b.message_key = p.message_key
+          and b.detoured_at is not null
+          and b.published_at is null
+          and (b.txid, b.seq) > (p.txid, p.seq)) as blocked_behind,
+       count(*) over () as total
+from outbox_messages p
+where p.parked_at is not null
+  and p.published_at is null
+order by p.parked_at, p.id
+limit %(limit)s;
+
+-- window_events_for_topic: the events of the window as the topic should have them: id, key, topic, whether the table says published, in stream order (txid, seq) per key
+select m.id::text, m.message_key, m.topic, outbox_published_at(m) is not null as published
+from outbox_messages m
+where m.created_at >= %(since)s and m.created_at <= %(until)s
+order by m.txid, m.seq;
+
+-- events_by_id: which of these ids the outbox holds, wherever they were written (a record on the topic timestamped in the window may be a row just outside it)
+select m.id::text from outbox_messages m where m.id = any(%(ids)s::uuid[]);
