@@ -216,16 +216,18 @@ def check_relay_position(using: str) -> CheckResult:
     return CheckResult.of("relay_position", "relay position belongs to this cluster",
                           {"positions": 1}, [
         Finding("position_of_another_cluster", int(moved),
-                "the stream's ids were stamped on another cluster (a dump/restore, an upgrade, "
-                "a failover to a copy): the relay re-bases them when it next runs",
-                "let one relay pass run (it re-bases the stream, docs/outbox-relay.md, 'The "
-                "stream on a new cluster'), then audit again with --against-topic",
+                "the stream's ids were stamped on another cluster (a dump restored here, a "
+                "logical-replication cut-over, pg_upgrade) and nothing was written or relayed "
+                "here since: the first insert or relay pass records the move, re-basing the "
+                "stream if this cluster's ids are behind",
+                "let one relay pass run (docs/outbox-relay.md, 'The stream on a new cluster'), "
+                "then audit again with --against-topic",
                 ids if moved else []),
         Finding("position_ahead", int(not moved and cluster.ahead),
                 "stored stream ids are at or past this cluster's next transaction id: rows "
                 "written now would sort behind the position and never be sent",
-                "stop the relays and follow docs/runbooks/outbox-backlog.md, 'The stream is "
-                "ahead of its cluster'; do not edit the position by hand",
+                "follow docs/runbooks/outbox-backlog.md, 'The stream is ahead of its "
+                "cluster'",
                 ids if not moved and cluster.ahead else []),
     ], note)
 

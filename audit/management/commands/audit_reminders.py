@@ -31,9 +31,9 @@ class Command(ProjectCommand):
     help = (
         "Audit the reminders, read-only: the ledger against the outbox over the window "
         "(--since before --as-of), nothing due left behind by the last succeeded loop cycle, "
-        "the relay's waits and parked events, and with --against-topic the outbox against "
-        "Kafka (the relay's KAFKA_* settings). Exit codes: 0 clean, 1 findings, 2 bad "
-        "configuration or usage, 3 database or broker unavailable."
+        "the relay's position (its cluster), waits and parked events, and with "
+        "--against-topic the outbox against Kafka (the relay's KAFKA_* settings). Exit codes: "
+        "0 clean, 1 findings, 2 bad configuration or usage, 3 database or broker unavailable."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
