@@ -6,22 +6,33 @@ years of traffic raise it): every event written after the move must reach the to
 same, and nothing delivered before it is sent again (docs/outbox-relay.md, "The stream on a new
 cluster")."""
 
+import json
 import os
 import shutil
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from typing import Protocol
 
 import pytest
 
-from core.roles import RELAY_ROLE, WORKER_ROLE
+from core.roles import AUDITOR_ROLE, RELAY_ROLE, WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from tests.support.clusters import Cluster, bindir, clusters, manage, new_database
 from tests.support.relay_support import wait_for
+from tests.support.tansu_support import TansuBroker
 
 pytestmark = pytest.mark.slow
 
 DATABASE = "pin_moves"
+
+
+class Broker(Protocol):
+    """The mock cluster or a Tansu process: what the commands bootstrap from."""
+
+    @property
+    def bootstrap_servers(self) -> str: ...
+
 OWNERS = 300
 
 
@@ -34,12 +45,24 @@ def remind(cluster: Cluster, as_of: str) -> None:
     manage(cluster.url(DATABASE, WORKER_ROLE), "run_expiry_reminders", "--as-of", as_of)
 
 
-def publish(cluster: Cluster, kafka: MockKafkaCluster) -> str:
+def publish(cluster: Cluster, kafka: Broker) -> str:
     """One relay pass as the relay's role; its output (exit 0 asserted)."""
     done = manage(cluster.url(DATABASE, RELAY_ROLE), "publish_outbox", "--held-bound", "0",
                   env={"KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers,
                        "OUTBOX_DELIVERY_TIMEOUT": "10s"})
     return done.stdout + done.stderr
+
+
+def audit(cluster: Cluster, kafka: Broker, *args: str) -> tuple[int, dict[str, int]]:
+    """`audit_reminders --format json` as the auditor's role: its exit code, and the findings
+    it counted, by name (only those found)."""
+    done = manage(cluster.url(DATABASE, AUDITOR_ROLE), "audit_reminders", "--format", "json",
+                  *args, env={"KAFKA_BOOTSTRAP_SERVERS": kafka.bootstrap_servers},
+                  check=False)
+    assert done.returncode in (0, 1), done.stderr
+    report = json.loads(done.stdout)
+    return done.returncode, {f["code"]: f["count"] for c in report["checks"]
+                             for f in c["findings"] if f["count"]}
 
 
 def event_ids(cluster: Cluster) -> set[str]:
@@ -51,7 +74,7 @@ def unpublished(cluster: Cluster) -> int:
                                      " where profile.outbox_published_at(m) is null")[0][0])
 
 
-def on_topic(kafka: MockKafkaCluster) -> Counter[str]:
+def on_topic(kafka: Broker) -> Counter[str]:
     return Counter(r.message_id for r in read_topic(kafka.bootstrap_servers))
 
 
@@ -60,7 +83,7 @@ def position_system(cluster: Cluster) -> int:
                                      " profile.outbox_relay_position")[0][0])
 
 
-def assert_delivered_once(kafka: MockKafkaCluster, ids: set[str]) -> None:
+def assert_delivered_once(kafka: Broker, ids: set[str]) -> None:
     seen = on_topic(kafka)
     missing = ids - set(seen)
     assert not missing, f"{len(missing)} of {len(ids)} events never reached the topic"
@@ -68,8 +91,9 @@ def assert_delivered_once(kafka: MockKafkaCluster, ids: set[str]) -> None:
 
 
 def test_after_a_dump_and_restore_into_a_new_cluster_every_later_event_is_delivered(
-    kafka: MockKafkaCluster,
+    tansu: TansuBroker,
 ) -> None:
+    kafka = tansu  # a broker process: the audit reads the topic by time (offsets_for_times)
     with clusters("old", "new") as (old, new):
         old.init(xid_epoch=3).start()
         new.init().start()
@@ -84,6 +108,7 @@ def test_after_a_dump_and_restore_into_a_new_cluster_every_later_event_is_delive
         new.sql("postgres", f"create database {DATABASE}")
         new.run("pg_restore", "-d", new.url(DATABASE), str(dump))
         manage(new.url(DATABASE), "apply_db_roles")
+        moved = audit(new, kafka)  # before anything ran here: the move is seen
         remind(new, days_ago(10))
         remind(new, days_ago(0))
         after = event_ids(new) - before
@@ -94,6 +119,8 @@ def test_after_a_dump_and_restore_into_a_new_cluster_every_later_event_is_delive
         assert_delivered_once(kafka, before | after)  # the old ones not sent again
         assert position_system(new) == new.system_identifier() != old.system_identifier()
         assert "Relay pass:" in said
+        assert moved == (1, {"position_of_another_cluster": 1})
+        assert audit(new, kafka, "--against-topic") == (0, {})
 
 
 def test_after_a_logical_replication_cut_over_every_waiting_and_later_event_is_delivered(
