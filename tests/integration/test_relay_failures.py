@@ -1,6 +1,7 @@
 """The relay when things go wrong: the broker away and back, a message that cannot be
 delivered, re-queueing it, and bad configuration."""
 
+import logging
 import random
 import threading
 import uuid
@@ -21,7 +22,7 @@ from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from outbox import store
 from outbox.config import RelaySettings, load_relay_settings
-from outbox.kafka import broker_unavailable
+from outbox.kafka_errors import broker_unavailable
 from outbox.relay import Relay
 from tests.support.relay_support import (
     BASE_TIME,
@@ -43,8 +44,7 @@ def test_broker_down_pauses_with_backoff_and_everything_goes_out_when_it_is_back
 ) -> None:
     written = interleaved_rows(keys=5, per_key=3)
     kafka.set_down()
-    settings = relay_settings(kafka.bootstrap_servers, delivery_timeout=timedelta(milliseconds=300),
-                              claim_ttl=timedelta(seconds=5))
+    settings = relay_settings(kafka.bootstrap_servers, delivery_timeout=timedelta(milliseconds=300))
     thread = RelayThread(settings)
     waits: list[float] = []
     stop = thread.relay.stop
@@ -168,8 +168,6 @@ def test_requeue_of_a_message_that_is_not_parked_fails_with_exit_1(transactional
         ({"OUTBOX_POLL_INTERVAL": "0s"}, "OUTBOX_POLL_INTERVAL"),
         ({"OUTBOX_RETENTION": "a week"}, "OUTBOX_RETENTION"),
         ({"OUTBOX_MAX_ATTEMPTS": "-1"}, "OUTBOX_MAX_ATTEMPTS"),
-        ({"OUTBOX_DELIVERY_TIMEOUT": "5m"}, "OUTBOX_CLAIM_TTL"),
-        ({"OUTBOX_CLAIM_TTL": "1s"}, "OUTBOX_CLAIM_TTL"),
         ({"OUTBOX_SHUTDOWN_GRACE": "-3s"}, "OUTBOX_SHUTDOWN_GRACE"),
         ({"OUTBOX_BACKOFF_INITIAL": "2m"}, "OUTBOX_BACKOFF_MAX"),
         ({"OUTBOX_LINGER": "soon"}, "OUTBOX_LINGER"),
@@ -197,6 +195,20 @@ def test_configuration_defaults() -> None:
     assert settings.statistics_interval == timedelta(seconds=15)
 
 
+@pytest.mark.parametrize("claim_ttl", ["1s", "2m", "not a duration"])
+def test_the_claim_ttl_is_accepted_with_a_deprecation_warning_and_nothing_else(
+    claim_ttl: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No row is leased any more: OUTBOX_CLAIM_TTL, whatever its value or the delivery timeout,
+    changes nothing but a warning."""
+    base = {"KAFKA_BOOTSTRAP_SERVERS": "k1:9092", "OUTBOX_DELIVERY_TIMEOUT": "5m"}
+    with caplog.at_level(logging.WARNING, logger="outbox.config"):
+        settings = load_relay_settings({**base, "OUTBOX_CLAIM_TTL": claim_ttl})
+    assert settings == load_relay_settings(base)
+    assert [(r.getMessage(), getattr(r, "fields", {}).get("variable")) for r in caplog.records] == [
+        ("deprecated setting ignored", "OUTBOX_CLAIM_TTL")]
+
+
 def test_the_outage_and_statistics_intervals_are_read() -> None:
     settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": "k1:9092",
                                     "OUTBOX_OUTAGE_LOG_INTERVAL": "5m",
@@ -205,13 +217,13 @@ def test_the_outage_and_statistics_intervals_are_read() -> None:
     assert settings.statistics_interval == timedelta(milliseconds=500)
 
 
-def test_stop_before_a_batch_claims_nothing(transactional_db: None) -> None:
+def test_stop_before_a_batch_reads_nothing(transactional_db: None) -> None:
     insert_outbox(str(uuid.uuid4()), created_at=BASE_TIME)
     stop = threading.Event()
     stop.set()
     with as_relay():
         start = store.read_position("default")
-        assert Relay(relay_settings("127.0.0.1:9"), stop=stop).publish_batch().claimed == 0
+        assert Relay(relay_settings("127.0.0.1:9"), stop=stop).publish_available().read == 0
         assert relay_lock_holders() == []  # it did not even take the lead
         assert store.read_position("default") == start
     [row] = outbox_state()
