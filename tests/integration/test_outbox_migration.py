@@ -33,7 +33,10 @@ from tests.support.relay_support import (
 
 BEFORE = ("outbox", "0004_merge_0003_relay_claims_0003_requeue_permission")
 # The newest outbox migration: 0005 and every one after it (the relay needs them all).
-AFTER = ("outbox", "0006_stream_cluster")
+AFTER = ("outbox", "0008_message_states")
+# The stream's upgrade: up to it, the migrations that writers around the upgrade wait for (the
+# later ones take their locks once those writers are done).
+STREAM_UPGRADE = ("outbox", "0006_stream_cluster")
 
 
 def migrate(target: tuple[str, str]) -> None:
@@ -174,7 +177,7 @@ def test_an_upgrade_with_writers_running_loses_no_row_and_sends_none_twice(
     try:
         early.execute("select pg_current_xact_id()")
         waited_for = _insert_on(inside, "inside")  # holds its lock: the upgrade waits for it
-        upgrade = _InThread(lambda: migrate(AFTER))
+        upgrade = _InThread(lambda: migrate(STREAM_UPGRADE))
         upgrade.start()
         wait_for(lambda: _lock_waiters() == 1, timeout=30, what="the upgrade to wait for a writer")
         early_ids: list[str] = []
@@ -189,6 +192,7 @@ def test_an_upgrade_with_writers_running_loses_no_row_and_sends_none_twice(
     finally:
         early.close()
         inside.close()
+    migrate(AFTER)
     after = str(insert_outbox("after", created_at=database_now()).id)
 
     with as_relay():
