@@ -45,15 +45,14 @@ def test_broker_down_pauses_with_backoff_and_everything_goes_out_when_it_is_back
     written = interleaved_rows(keys=5, per_key=3)
     kafka.set_down()
     settings = relay_settings(kafka.bootstrap_servers, delivery_timeout=timedelta(milliseconds=300))
-    thread = RelayThread(settings)
     waits: list[float] = []
-    stop = thread.relay.stop
+    stop = threading.Event()
 
     def recorded_wait(seconds: float) -> None:
         waits.append(seconds)
         stop.wait(seconds)
 
-    thread.relay._wait = recorded_wait
+    thread = RelayThread(settings, stop=stop, wait=recorded_wait)
     thread.start()
     try:
         wait_for(lambda: len(waits) >= 5, timeout=30, what="five backoffs while the broker is down")
