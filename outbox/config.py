@@ -2,8 +2,8 @@
 core.config before any database or Kafka work: a bad value raises ConfigError naming it."""
 
 import json
-import logging
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -20,9 +20,6 @@ from core.config import (
     parse_duration_or_zero,
     parse_positive_int,
 )
-from core.logs import log_event
-
-logger = logging.getLogger("outbox.config")
 
 BOOTSTRAP_VAR = "KAFKA_BOOTSTRAP_SERVERS"
 PROPERTIES_VAR = "KAFKA_PRODUCER_CONFIG"
@@ -203,8 +200,9 @@ def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True) 
     env = Environment(environ)
     for name, why in DEPRECATED_VARIABLES.items():
         if env.raw(name) is not None:
-            log_event(logger, logging.WARNING, "deprecated setting ignored", variable=name,
-                      reason=why)
+            # A DeprecationWarning, not a log line: an operator's output stays as it was.
+            warnings.warn(f"{name} is deprecated and ignored: {why}", DeprecationWarning,
+                          stacklevel=2)
     if need_kafka and env.raw(BOOTSTRAP_VAR) is None:
         raise ConfigError(BOOTSTRAP_VAR, "not set; expected host:port[,host:port...]")
     raw_properties = env.raw(PROPERTIES_VAR)
