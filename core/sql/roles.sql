@@ -39,6 +39,9 @@ revoke insert on profile.outbox_messages from pin_reminder_worker;
 grant insert (id, aggregate_type, aggregate_id, event_type, contract_version, topic,
               message_key, payload, headers, created_at, attempts)
     on profile.outbox_messages to pin_reminder_worker;
+-- A new row's headers are the outbox's (outbox migration 0009_outbox_headers).
+grant execute on function profile.outbox_headers(uuid, text, text, integer, jsonb)
+    to pin_reminder_worker;
 
 -- The outbox relay: reads, marks and prunes the outbox; nothing else.
 grant usage on schema profile to pin_outbox_relay;

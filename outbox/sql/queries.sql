@@ -11,10 +11,10 @@ select txid::text, seq from outbox_relay_position;
 
 -- read_stream: up to batch_size rows after a position, in stream order (txid, seq), only of transactions older than every one still running (so that no row can later commit behind the position); held = its key has a waiting or parked row in the slow lane, which it must not overtake
 select m.txid::text, m.seq, m.id, m.topic, m.message_key, m.payload::text,
-       -- the Kafka headers: the row's own, and its aggregate and id where it has none
+       -- the Kafka headers: the row's own (outbox_headers built them), and its aggregate where
+       -- it has none
        jsonb_strip_nulls(jsonb_build_object('aggregate_type', m.aggregate_type,
-                                            'aggregate_id', m.aggregate_id,
-                                            'message_id', m.id::text) || m.headers)::text,
+                                            'aggregate_id', m.aggregate_id) || m.headers)::text,
        -- the Kafka timestamp (ms since the epoch), and the row's age now on the database's
        -- clock (which stamped created_at)
        floor(extract(epoch from m.created_at) * 1000)::int8,
@@ -97,8 +97,7 @@ returning m.id, m.parked_at is not null as parked;
 -- read_slow: up to batch_size due rows of the slow lane, each the oldest waiting row of its key (a delayed or parked head holds its key)
 select o.id, o.topic, o.message_key, o.payload::text,
        jsonb_strip_nulls(jsonb_build_object('aggregate_type', o.aggregate_type,
-                                            'aggregate_id', o.aggregate_id,
-                                            'message_id', o.id::text) || o.headers)::text,
+                                            'aggregate_id', o.aggregate_id) || o.headers)::text,
        floor(extract(epoch from o.created_at) * 1000)::int8,
        extract(epoch from clock_timestamp() - o.created_at)::float8,
        o.attempts

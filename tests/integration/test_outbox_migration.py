@@ -33,7 +33,7 @@ from tests.support.relay_support import (
 
 BEFORE = ("outbox", "0004_merge_0003_relay_claims_0003_requeue_permission")
 # The newest outbox migration: 0005 and every one after it (the relay needs them all).
-AFTER = ("outbox", "0008_message_states")
+AFTER = ("outbox", "0009_outbox_headers")
 # The stream's upgrade: up to it, the migrations that writers around the upgrade wait for (the
 # later ones take their locks once those writers are done).
 STREAM_UPGRADE = ("outbox", "0006_stream_cluster")
