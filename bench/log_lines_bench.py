@@ -46,7 +46,7 @@ def _measure(batches: Sequence[list[tuple[Any, ...]]], level: int) -> tuple[floa
     """(process CPU s, caller-thread CPU s, lines written) for every batch through the cycle's
     accounting and the worker's log handler."""
     from core.logs import QueuedStderrHandler
-    from reminders import cycle, store
+    from reminders import cycle, ledger, store
     from reminders.config import ReminderSettings
 
     with tempfile.TemporaryFile() as raw:
@@ -60,9 +60,10 @@ def _measure(batches: Sequence[list[tuple[Any, ...]]], level: int) -> tuple[floa
         logger.setLevel(level)
         try:
             runner = cycle.Cycle(ReminderSettings())
+            writes = ledger.Writes(runner.scope)
             process, thread = time.process_time(), time.thread_time()
             for rows in batches:
-                runner._account(store.claim_from_rows(rows), owners=len(rows))
+                runner._account(writes, store.claim_from_rows(rows), owners=len(rows))
             handler.flush()
             process, thread = time.process_time() - process, time.thread_time() - thread
         finally:

@@ -18,7 +18,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from core.config import ConfigError
-from core.logs import leave_stop_signals_to_the_main_thread, log_event
+from core.logs import flush_queued_handlers, leave_stop_signals_to_the_main_thread, log_event
 
 logger = logging.getLogger("core.commands")
 
@@ -44,20 +44,11 @@ class ProjectCommand(BaseCommand):
         except ConfigError as exc:
             # An option's name starts with "--": that is usage, not configuration.
             message = str(exc) if exc.name.startswith("--") else f"bad configuration: {exc}"
-            flush_log_handlers()
+            flush_queued_handlers()
             raise usage_error(message) from None
         except CommandError:
-            flush_log_handlers()  # the log lines that led here come before the command's line
+            flush_queued_handlers()  # the log lines that led here come before the command's line
             raise
-
-
-def flush_log_handlers() -> None:
-    """Write what every handler still holds (the stderr handler queues its records)."""
-    loggers = [logging.getLogger(), *(item for item in logging.Logger.manager.loggerDict.values()
-                                     if isinstance(item, logging.Logger))]
-    for each in loggers:
-        for handler in each.handlers:
-            handler.flush()
 
 
 @contextmanager

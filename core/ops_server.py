@@ -1,5 +1,6 @@
 """The operations HTTP server of the long-running commands: `/metrics` (Prometheus),
 `/healthz` (liveness) and `/readyz` (readiness), on METRICS_ADDR (unset = no server).
+`operations_server` is the one wiring both `--loop`s use.
 
 It runs on daemon threads beside the loop; each request is answered on its own thread.
 """
@@ -8,7 +9,8 @@ import logging
 import re
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -16,6 +18,7 @@ from typing import Any
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from core import gauges
 from core.config import ConfigError
 from core.health import Verdict
 from core.logs import leave_stop_signals_to_the_main_thread, log_event
@@ -120,3 +123,24 @@ def ops_server_from_env(environ: Mapping[str, str], probes: Probes,
         return OpsServer(host, port, probes, registry)
     except OSError as exc:
         raise ConfigError("METRICS_ADDR", f"cannot listen on {raw!r}: {exc.strerror}") from None
+
+
+@contextmanager
+def operations_server(
+    environ: Mapping[str, str], probes: Probes, *, prepare: Callable[[], object] = lambda: None,
+    using: str = "default",
+) -> Iterator[tuple[gauges.DatabaseGauges, ...] | None]:
+    """Around a `--loop`: the server METRICS_ADDR asks for, with the gauges every app offers
+    (core.gauges) and what `prepare()` registers installed before it starts; stopped on the
+    way out. Yields the offered gauges installed, or None when no server was asked for."""
+    server = ops_server_from_env(environ, probes)
+    if server is None:
+        yield None
+        return
+    offered = gauges.install(using)
+    prepare()
+    server.start()
+    try:
+        yield offered
+    finally:
+        server.stop()

@@ -69,11 +69,12 @@ REFUSED_CODES = frozenset({
 
 
 # A TLS alert from the broker's side after the handshake (TLS 1.3 sends "certificate required"
-# that way): librdkafka reports a transport error, but the broker refused the client's
-# certificate, and no retry changes that.
-_TLS_REFUSAL = re.compile(r"SSL routines::.*alert (certificate required|bad certificate|unknown ca"
+# that way), or this side's own verification of the broker's certificate failing (a wrong CA,
+# a host name it does not name), which librdkafka may report as a transport error before its
+# _SSL one: either way the handshake was refused, and no retry changes that.
+_TLS_REFUSAL = re.compile(r"SSL routines::(.*alert (certificate required|bad certificate|unknown ca"
                           r"|certificate unknown|certificate revoked|certificate expired"
-                          r"|access denied|handshake failure)")
+                          r"|access denied|handshake failure)|certificate verify failed)")
 
 
 class KafkaRefusedError(RuntimeError):

@@ -9,7 +9,6 @@ metrics are in no registry until the relay installs them (`install_relay_metrics
 which never relays, does not export them stuck at 0.
 """
 
-import threading
 from bisect import bisect_left
 from collections import Counter as Tally
 from collections.abc import Iterable
@@ -17,6 +16,7 @@ from collections.abc import Iterable
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from core.gauges import DatabaseGauges
+from core.metrics import MetricSet
 from outbox import store
 from outbox.statistics import ProducerStatistics
 
@@ -71,20 +71,14 @@ QUEUE_BYTES = Gauge(
     "profile_outbox_producer_queue_bytes",
     "Bytes of the messages in the relay's producer queue.", registry=None,
 )
-RELAY_METRICS = (PUBLISHED_TOTAL, FAILED_TOTAL, PARKED_TOTAL, BROKER_CONNECTED, DELIVERY_LATENCY,
-                 BROKER_RTT, QUEUE_MESSAGES, QUEUE_BYTES)
-_installed: set[int] = set()
-_install_lock = threading.Lock()
+RELAY_METRICS = MetricSet(PUBLISHED_TOTAL, FAILED_TOTAL, PARKED_TOTAL, BROKER_CONNECTED,
+                          DELIVERY_LATENCY, BROKER_RTT, QUEUE_MESSAGES, QUEUE_BYTES)
 _brokers: set[str] = set()
 
 
 def install_relay_metrics(registry: CollectorRegistry = REGISTRY) -> None:
     """Register the relay's own metrics in `registry` (once): in a process that relays."""
-    with _install_lock:
-        if id(registry) not in _installed:
-            for metric in RELAY_METRICS:
-                registry.register(metric)
-            _installed.add(id(registry))
+    RELAY_METRICS.install(registry)
 
 
 def record_published(n: int = 1) -> None:

@@ -125,10 +125,11 @@ class Relay:
         self.kafka.check_refused()
         if not self.lead():
             return total
-        self.leadership.settle()
         total.merge(self.slow.publish())
         if total.broker_unavailable or self.stop.is_set():
             return total
+        # The cluster check right before the stream's read (the slow lane reads by id only).
+        self.leadership.settle()
         return self.stream.publish(total)
 
     def prune(self) -> int:

@@ -17,8 +17,10 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 
 env = Environment()
 
-SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="dev-only-insecure-key-change-me")
-DEBUG = env.bool("DJANGO_DEBUG", default=False)
+# The development key, published on purpose: pin_profile/wsgi.py refuses it when DEBUG is off.
+DEV_SECRET_KEY = "dev-only-insecure-key-change-me"  # noqa: S105
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default=DEV_SECRET_KEY)
+DEBUG = env.parsed("DJANGO_DEBUG", parse_flag, False)
 ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["localhost", "127.0.0.1"])
 
 INSTALLED_APPS = [
@@ -31,16 +33,23 @@ INSTALLED_APPS = [
     "core",
     "reminders",
     "outbox",
+    # Counts the admin's requests; gunicorn's worker serves them on METRICS_ADDR
+    # (pin_profile/gunicorn_conf.py), never on the admin's public port.
+    "django_prometheus",
 ]
 
 MIDDLEWARE = [
+    "django_prometheus.middleware.PrometheusBeforeMiddleware",
     "django.middleware.security.SecurityMiddleware",
+    # WhiteNoise serves the collected static files (collectstatic, in the image) itself.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_prometheus.middleware.PrometheusAfterMiddleware",
 ]
 
 ROOT_URLCONF = "pin_profile.urls"
@@ -109,7 +118,11 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "artifacts" / "static"
+STATIC_ROOT = Path(env.str("DJANGO_STATIC_ROOT", default=str(BASE_DIR / "artifacts" / "static")))
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
 
 # Index names are the design's (docs/design.md §2.2), longer than Django's 30-character habit;
 # PostgreSQL allows 63.
@@ -132,39 +145,26 @@ LOGGING = {
     "root": {"handlers": ["stderr"], "level": "WARNING"},
 }
 
-# Observability of the web (admin) process: django-prometheus counts requests; gunicorn's
-# worker serves /metrics on METRICS_ADDR (pin_profile/gunicorn_conf.py), never on the admin's
-# public port. The worker and the relay serve theirs on METRICS_ADDR too.
-INSTALLED_APPS += ["django_prometheus"]
-MIDDLEWARE = [
-    "django_prometheus.middleware.PrometheusBeforeMiddleware",
-    *MIDDLEWARE,
-    "django_prometheus.middleware.PrometheusAfterMiddleware",
-]
 
-# --- The admin as a production web process (issue 13, part 3) ------------------------------
-# Static files, the secret key, HTTPS and cookies of the admin under gunicorn
-# (pin_profile/gunicorn_conf.py). README "Deployment" lists the variables; the worker and the
-# relay sign nothing and serve no pages, so none of these matter to them.
+def https_settings(secure: bool) -> tuple[bool, int, bool, bool, bool]:
+    """SECURE_SSL_REDIRECT, SECURE_HSTS_SECONDS, SECURE_HSTS_INCLUDE_SUBDOMAINS,
+    SECURE_HSTS_PRELOAD and the cookies' secure flag, each from its variable; where unset,
+    all on when `secure` (HSTS for a minute, as cookiecutter-django: raise it once HTTPS is
+    known to work), all off otherwise."""
+    return (
+        env.parsed("DJANGO_SECURE_SSL_REDIRECT", parse_flag, secure),
+        env.parsed("DJANGO_SECURE_HSTS_SECONDS", parse_non_negative_int, 60 if secure else 0),
+        env.parsed("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", parse_flag, secure),
+        env.parsed("DJANGO_SECURE_HSTS_PRELOAD", parse_flag, secure),
+        env.parsed("DJANGO_SECURE_COOKIES", parse_flag, secure),
+    )
 
-# The default of DJANGO_SECRET_KEY above: pin_profile/wsgi.py refuses it when DEBUG is off.
-DEV_SECRET_KEY = "dev-only-insecure-key-change-me"  # noqa: S105 - published on purpose
 
-# WhiteNoise serves the collected files (collectstatic, in the image) from the process itself.
-STATIC_ROOT = Path(env.str("DJANGO_STATIC_ROOT", default=str(STATIC_ROOT)))
-STORAGES = {
-    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
-}
-MIDDLEWARE.insert(MIDDLEWARE.index("django.middleware.security.SecurityMiddleware") + 1,
-                  "whitenoise.middleware.WhiteNoiseMiddleware")
-
-# HTTPS: set these where a TLS proxy fronts the admin (it passes X-Forwarded-Proto to gunicorn).
-SECURE_SSL_REDIRECT = env.parsed("DJANGO_SECURE_SSL_REDIRECT", parse_flag, False)
-SECURE_HSTS_SECONDS = env.parsed("DJANGO_SECURE_HSTS_SECONDS", parse_non_negative_int, 0)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = env.parsed("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", parse_flag, False)
-SECURE_HSTS_PRELOAD = env.parsed("DJANGO_SECURE_HSTS_PRELOAD", parse_flag, False)
-SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env.parsed("DJANGO_SECURE_COOKIES", parse_flag, False)
+# Secure by default, as cookiecutter-django's production settings: the admin is served over
+# HTTPS behind a TLS proxy; a plain-HTTP setup turns each off (docs/configuration.md).
+(SECURE_SSL_REDIRECT, SECURE_HSTS_SECONDS, SECURE_HSTS_INCLUDE_SUBDOMAINS, SECURE_HSTS_PRELOAD,
+ SESSION_COOKIE_SECURE) = https_settings(secure=not DEBUG)
+CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
 CSRF_TRUSTED_ORIGINS = env.list("DJANGO_CSRF_TRUSTED_ORIGINS", default=[])
 for _origin in CSRF_TRUSTED_ORIGINS:
     if not re.fullmatch(r"https?://[^/\s?#]+", _origin):

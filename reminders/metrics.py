@@ -1,28 +1,21 @@
 """Prometheus metrics of the reminder worker (docs/design.md §5), with the seed's names.
 
 `observe_cycle` turns a finished cycle's result into counter, histogram and gauge updates;
-the backlog gauge is read from the database at scrape time (`register_backlog_gauge`).
+they are in no registry until a process that runs cycles installs them (`REMINDER_METRICS`,
+core.metrics). The backlog gauge is read from the database at scrape time
+(`register_backlog_gauge`).
 """
 
 from datetime import UTC, datetime, timedelta
 
-from prometheus_client import (
-    REGISTRY,
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    disable_created_metrics,
-)
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from core.gauges import DatabaseGauges
-from reminders import rules, store
+from core.metrics import MetricSet
+from reminders.census import census_now
 from reminders.config import ReminderSettings
 from reminders.models import SUCCESSFUL_STATUSES, ReminderRun
 from reminders.result import CycleResult
-
-# The `_created` series double every counter's output and no rule or panel reads them.
-disable_created_metrics()  # type: ignore[no-untyped-call]
 
 BACKLOG = "profile_document_expiry_reminder_backlog"
 BACKLOG_REFRESH_S = 300.0
@@ -30,32 +23,35 @@ BACKLOG_REFRESH_S = 300.0
 REMINDERS_TOTAL = Counter(
     "profile_document_expiry_reminders_total",
     "Reminders queued in the outbox (one per notified document), by threshold.",
-    ["threshold_days"],
+    ["threshold_days"], registry=None,
 )
 CYCLE_DURATION = Histogram(
     "profile_document_expiry_reminder_cycle_duration_seconds",
     "Wall time of a reminder cycle.",
-    buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900, 1800),
+    buckets=(0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 900, 1800), registry=None,
 )
 MARKERS_REARMED_TOTAL = Counter(
     "profile_document_expiry_reminder_markers_rearmed_total",
     "Markers replaced in place because the document's expiry date changed (renewed or "
-    "corrected): its thresholds are reminded again for the new date.",
+    "corrected): its thresholds are reminded again for the new date.", registry=None,
 )
 ERRORS_TOTAL = Counter(
     "profile_document_expiry_reminder_errors_total",
     "Owners that failed in a cycle (retried next cycle), plus cycles that failed outright.",
+    registry=None,
 )
 CYCLES_TOTAL = Counter(
     "profile_document_expiry_reminder_cycles_total",
     "Finished reminder cycles, by status.",
-    ["status"],
+    ["status"], registry=None,
 )
 LAST_SUCCESS = Gauge(
     "profile_document_expiry_reminder_last_success_timestamp_seconds",
     "Unix time at which the latest successful cycle (of any instance, as far as this one "
-    "knows) ended.",
+    "knows) ended.", registry=None,
 )
+REMINDER_METRICS = MetricSet(REMINDERS_TOTAL, CYCLE_DURATION, MARKERS_REARMED_TOTAL,
+                             ERRORS_TOTAL, CYCLES_TOTAL, LAST_SUCCESS)
 
 
 def declare_thresholds(thresholds: tuple[int, ...]) -> None:
@@ -92,10 +88,7 @@ def restore_last_success(since_success: timedelta | None, now: datetime | None =
 def read_backlog(settings: ReminderSettings, using: str = "default",
                  now: datetime | None = None) -> dict[str, float]:
     """Due documents now: active documents in the window whose current t* has no marker."""
-    as_of_date = rules.utc_date(now or datetime.now(UTC))
-    window = rules.scan_window(as_of_date, settings.thresholds, settings.retention_days)
-    _window_documents, due = store.window_census(using, window, settings.thresholds, as_of_date)
-    return {BACKLOG: float(due)}
+    return {BACKLOG: float(census_now(settings, now or datetime.now(UTC), using).due_documents)}
 
 
 def register_backlog_gauge(

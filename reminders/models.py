@@ -88,7 +88,7 @@ class ReminderRun(models.Model):
     reminders_sent = models.IntegerField(default=0, db_default=0)
     owners_notified = models.IntegerField(default=0, db_default=0)
     markers_written = models.IntegerField(default=0, db_default=0)
-    # of markers_written: those that replaced a marker of an earlier expiry date (refinement 5)
+    # of markers_written: those that replaced a marker of an earlier expiry date (docs/design.md §3.2)
     markers_rearmed = models.IntegerField(default=0, db_default=0)
     skipped_already_marked = models.IntegerField(default=0, db_default=0)
     pruned = models.IntegerField(default=0, db_default=0)

@@ -15,7 +15,8 @@ from django.db import connection
 from core.admin import offered_cards
 from core.config import ConfigError
 from core.queries import QueryFile
-from reminders import rules, store
+from reminders import rules
+from reminders.census import census_now
 from reminders.config import load_settings
 from reminders.models import SUCCESSFUL_STATUSES, ReminderRun
 
@@ -203,10 +204,7 @@ def backlog_now(now: datetime) -> Backlog:
         settings = load_settings(os.environ)
     except ConfigError as error:
         return Backlog(None, None, problem=str(error))
-    today = rules.utc_date(now)
-    window = rules.scan_window(today, settings.thresholds, settings.retention_days)
-    window_documents, due = store.window_census("default", window, settings.thresholds, today)
-    return Backlog(window_documents, due)
+    return Backlog(*census_now(settings, now))
 
 
 def overview_context(now: datetime) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """What a cycle hands out: its result (the counters of docs/design.md §3.7 and how it
-ended), and the interface of the observers that watch it (`reminders.observe`)."""
+ended), and the observers that watch it (`reminders.observe`), told in plain values."""
 
 import uuid
 from collections import Counter
@@ -7,13 +7,9 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol
 
 from core.failures import DatabaseFailure
 from reminders.models import ReminderRun
-
-if TYPE_CHECKING:
-    from reminders.cycle import Cycle
 
 
 @dataclass(slots=True)
@@ -74,27 +70,47 @@ class CycleResult:
         return self.failed_owners == 0 and self.status != ReminderRun.Status.FAILED
 
 
-class CycleObserver(Protocol):
-    """Watches a cycle from outside (metrics, tracing, health): `reminders.observe`."""
+@dataclass(frozen=True, slots=True)
+class CycleStart:
+    """A cycle as it begins, as its observers see it."""
 
-    def cycle_started(self, cycle: "Cycle") -> Mapping[str, str]:
+    run_id: uuid.UUID
+    as_of: datetime
+    batch_size: int
+    thresholds: tuple[int, ...]
+    dry_run: bool
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCounts:
+    """What one batch did (its owner-by-owner retries included)."""
+
+    documents: int = 0
+    reminders_sent: int = 0
+    owners_notified: int = 0
+    failed_owners: int = 0
+
+    def __add__(self, other: "BatchCounts") -> "BatchCounts":
+        return BatchCounts(self.documents + other.documents,
+                           self.reminders_sent + other.reminders_sent,
+                           self.owners_notified + other.owners_notified,
+                           self.failed_owners + other.failed_owners)
+
+
+class CycleObserver:
+    """Watches a cycle from outside (metrics, tracing, health: `reminders.observe`). Every
+    method does nothing here: an observer overrides the ones it needs."""
+
+    def cycle_started(self, cycle: CycleStart) -> Mapping[str, str]:
         """The cycle begins; the headers to add to each of its events (a trace context)."""
+        return {}
 
-    def batch(self, cycle: "Cycle", owner_ids: list[uuid.UUID]) -> AbstractContextManager[object]:
-        """Wraps one batch."""
+    def batch(self, owners: int) -> AbstractContextManager[object]:
+        """Wraps one batch of `owners` owners."""
+        return nullcontext()
+
+    def batch_done(self, counts: BatchCounts) -> None:
+        """The batch just wrapped is done (inside `batch`; not called if it raised)."""
 
     def cycle_finished(self, result: CycleResult) -> None:
         """The cycle ended (its status says how; still `running` if an error escaped it)."""
-
-
-class Unobserved:
-    """The observer of a cycle that nobody watches."""
-
-    def cycle_started(self, cycle: "Cycle") -> Mapping[str, str]:
-        return {}
-
-    def batch(self, cycle: "Cycle", owner_ids: list[uuid.UUID]) -> AbstractContextManager[object]:
-        return nullcontext()
-
-    def cycle_finished(self, result: CycleResult) -> None:
-        pass

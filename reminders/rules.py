@@ -78,7 +78,7 @@ def remaining_thresholds(
 
 def current_markers(markers: Mapping[int, date], expires_on: date) -> frozenset[int]:
     """The thresholds whose marker was written for the document's current expiry date: a
-    marker of an earlier date (renewed or corrected) counts for nothing (refinement 5)."""
+    marker of an earlier date (renewed or corrected) counts for nothing (docs/design.md §3.2)."""
     return frozenset(t for t, marked_for in markers.items() if marked_for == expires_on)
 
 

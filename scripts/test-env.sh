@@ -1,6 +1,6 @@
 # Sourced by scripts/test.sh and scripts/test-clock.sh: everything the tests need, installed
 # or started when missing: the venv with the pinned requirements, PostgreSQL, Debian's
-# prometheus (promtool), chromium and chromium-driver, faketime, socat and openssl; then
+# prometheus (promtool), chromium and chromium-driver, faketime, socat and openssl, pgbouncer; then
 # DATABASE_URL for the tests (TEST_DATABASE_URL, or pin_profile on the local server).
 source scripts/venv.sh
 source scripts/pg.sh
@@ -13,6 +13,8 @@ source scripts/clock.sh
 faketime_ensure  # also for tests/acceptance/test_database_clock.py: commands on a skewed clock
 source scripts/tls.sh
 tls_tools_ensure
+source scripts/pooler.sh
+pgbouncer_ensure
 
 # Tests create and drop their own database (test_<name>) on this server.
 export DATABASE_URL="${TEST_DATABASE_URL:-$(database_url pin_profile)}"

@@ -179,6 +179,10 @@ def test_refusals_are_told_apart_from_an_unavailable_broker() -> None:
         "ssl://b:9093/bootstrap: Receive failed: error:0A00045C:SSL routines::tlsv13 alert "
         "certificate required: SSL alert number 116")))
     assert not kafka_errors.refused(KafkaError(KafkaError._ALL_BROKERS_DOWN))
+    # This side's verification of the broker, reported as a transport error ahead of _SSL.
+    assert kafka_errors.refused(KafkaError(KafkaError._TRANSPORT, (
+        "ssl://127.0.0.1:24528/bootstrap: error:0A000086:SSL routines::certificate verify"
+        " failed")))
 
 
 def test_repeated_client_errors_are_logged_once_a_minute() -> None:

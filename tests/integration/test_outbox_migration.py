@@ -34,9 +34,7 @@ from tests.support.relay_support import (
 BEFORE = ("outbox", "0004_merge_0003_relay_claims_0003_requeue_permission")
 # The newest outbox migration: 0005 and every one after it (the relay needs them all).
 AFTER = ("outbox", "0009_outbox_headers")
-# The stream's upgrade: up to it, the migrations that writers around the upgrade wait for (the
-# later ones take their locks once those writers are done).
-STREAM_UPGRADE = ("outbox", "0006_stream_cluster")
+STREAM = ("outbox", "0005_stream_position")
 
 
 def migrate(target: tuple[str, str]) -> None:
@@ -177,7 +175,7 @@ def test_an_upgrade_with_writers_running_loses_no_row_and_sends_none_twice(
     try:
         early.execute("select pg_current_xact_id()")
         waited_for = _insert_on(inside, "inside")  # holds its lock: the upgrade waits for it
-        upgrade = _InThread(lambda: migrate(STREAM_UPGRADE))
+        upgrade = _InThread(lambda: migrate(STREAM))
         upgrade.start()
         wait_for(lambda: _lock_waiters() == 1, timeout=30, what="the upgrade to wait for a writer")
         early_ids: list[str] = []
@@ -192,7 +190,7 @@ def test_an_upgrade_with_writers_running_loses_no_row_and_sends_none_twice(
     finally:
         early.close()
         inside.close()
-    migrate(AFTER)
+    migrate(AFTER)  # the migrations after 0005 (whose own locks wait for running writers)
     after = str(insert_outbox("after", created_at=database_now()).id)
 
     with as_relay():

@@ -200,3 +200,17 @@ def test_a_relay_whose_statements_reach_another_server_process_refuses_to_move_t
                       max_attempts=3, leader_pid=pid)
         assert store.read_position("default") == row.position
         store.resign("default")
+
+
+def test_a_transaction_writing_several_statements_sees_its_own_rows_behind_its_next_id(
+    transactional_db: None,
+) -> None:
+    with psycopg.connect(test_database_url(WORKER_ROLE)) as worker:
+        for _ in range(3):  # each statement's trigger sees the rows of the ones before
+            worker.execute("insert into profile.outbox_messages (id, aggregate_type,"
+                           " aggregate_id, event_type, contract_version, topic, message_key,"
+                           " payload, headers, created_at, attempts) values (gen_random_uuid(),"
+                           " 'Profile', 'k', 'E', 1, 't', 'k', '{}', '{}', now(), 0)")
+        worker.commit()
+    assert stored("select count(distinct txid) from outbox_messages") == [(1,)]
+    assert stored("select count(*) from outbox_messages") == [(3,)]

@@ -88,6 +88,38 @@ def test_cycle_span_with_batch_children_and_traceparent_in_every_event(
     assert {h["correlation_id"] for h in headers} == {str(result.run_id)}
 
 
+def test_a_batch_span_counts_the_owner_that_failed_in_it(
+    documents: Documents, exporter: InMemorySpanExporter
+) -> None:
+    good = [documents(expires_at=expiring_in(d)) for d in (2, 3)]
+    bad = documents(expires_at=expiring_in(3))
+    with connection.cursor() as cursor:  # a real failure inside PostgreSQL, for one owner only
+        cursor.execute(f"""
+            create function fail_one_owner() returns trigger language plpgsql as $$
+            begin
+                if new.aggregate_id = '{bad.owner_user_id}' then
+                    raise exception 'outbox refused this owner';
+                end if;
+                return new;
+            end $$;
+            create trigger fail_one_owner before insert on outbox_messages
+                for each row execute function fail_one_owner();""")
+    try:
+        result = _traced_cycle(exporter, batch_size=100)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("drop trigger fail_one_owner on outbox_messages;"
+                           " drop function fail_one_owner()")
+
+    [batch] = [s for s in exporter.get_finished_spans() if s.name == BATCH_SPAN]
+    attributes = dict(batch.attributes or {})
+    assert result.failed_owners == 1
+    assert attributes["reminders.batch.owners"] == 3
+    assert attributes["reminders.batch.failed_owners"] == 1
+    assert attributes["reminders.batch.owners_notified"] == len(good)
+    assert attributes["reminders.batch.reminders_sent"] == len(good)
+
+
 def test_without_a_tracer_provider_no_traceparent_is_written(documents: Documents) -> None:
     documents(expires_at=expiring_in(7))
     with as_worker():

@@ -184,6 +184,33 @@ def test_check_deploy_is_clean_under_production_settings(capsys: pytest.CaptureF
     assert checked.stderr == ""
 
 
+def test_check_deploy_is_clean_with_only_the_key_and_the_hosts_set() -> None:
+    """The image's settings (DEBUG off) are secure by default: secure cookies, the redirect
+    and HSTS need no variable of their own."""
+    checked = deploy_check(DJANGO_SETTINGS_MODULE="pin_profile.settings",
+                           DJANGO_SECRET_KEY=production_key(),
+                           DJANGO_ALLOWED_HOSTS="admin.example.com")
+
+    assert checked.returncode == 0, checked.stderr
+    assert re.fullmatch(r"System check identified no issues \(\d+ silenced\)\.", checked.stdout.strip())
+
+
+@pytest.mark.parametrize(("name", "value", "warnings"), [
+    ("DJANGO_SECURE_SSL_REDIRECT", "off", {"W008"}),
+    ("DJANGO_SECURE_HSTS_SECONDS", "0", {"W004"}),
+    ("DJANGO_SECURE_COOKIES", "off", {"W012", "W016"}),
+])
+def test_each_https_default_is_switched_off_by_its_own_variable(
+    name: str, value: str, warnings: set[str]
+) -> None:
+    checked = deploy_check(DJANGO_SETTINGS_MODULE="pin_profile.settings",
+                           DJANGO_SECRET_KEY=production_key(),
+                           DJANGO_ALLOWED_HOSTS="admin.example.com", **{name: value})
+
+    assert checked.returncode == 1
+    assert set(re.findall(r"\(security\.(W\d+)\)", checked.stderr)) == warnings, checked.stderr
+
+
 def test_check_deploy_names_each_missing_production_setting() -> None:
     checked = deploy_check()  # the development defaults
 

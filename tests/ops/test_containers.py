@@ -2,7 +2,7 @@
 Compose Specification's JSON Schema, the stack's healthchecks, ports, roles and mounts, the
 Prometheus and Grafana wiring, and the build context that .dockerignore leaves.
 hadolint lints docker/Dockerfile in scripts/test.sh. What only a real engine can show (the
-image builds, the services start and turn healthy) is listed in README, "Deployment"."""
+image builds, the services start and turn healthy) is listed in docs/testing.md, "What CI checks"."""
 
 import hashlib
 import json

@@ -27,9 +27,10 @@ from reminders.health import (
     liveness_from_history,
 )
 from reminders.models import ReminderRun
-from reminders.observe import ObservedCycles, observed_loop, seed_from_history
+from reminders.observe import ObservedCycles
 from reminders.result import CycleResult
 from reminders.retention import prune_run_history
+from reminders.serving import observed_loop, seed_from_history
 from tests.conftest import as_worker, command_env, manage_py
 from tests.support.exported_metrics import exported_metric_names_by_process
 from tests.support.factories import Documents
@@ -37,6 +38,9 @@ from tests.support.ledger import AS_OF, day, expiring_in
 from tests.support.run_history import insert_run
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+# A process that runs cycles installs the reminder metrics (core.metrics); some tests below
+# count without running one.
+metrics.REMINDER_METRICS.install()
 ZERO = timedelta(0)
 
 

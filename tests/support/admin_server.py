@@ -24,7 +24,7 @@ START_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 30.0
 _LISTENING = re.compile(r"Listening at: http://127\.0\.0\.1:(\d+)")
 
-# What `check --deploy` asks of a site served only over HTTPS (README, "Deployment").
+# Every HTTPS setting on, explicitly (docs/configuration.md, "The admin web process").
 PRODUCTION_TLS = {
     "DJANGO_SECURE_SSL_REDIRECT": "on",
     "DJANGO_SECURE_HSTS_SECONDS": "31536000",

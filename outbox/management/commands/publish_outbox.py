@@ -10,13 +10,12 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from core import gauges
 from core.commands import EXIT_FAILED, ProjectCommand, stop_on_signals
 from core.config import ConfigError, parse_duration_or_zero, parse_positive_int
 from core.db import DatabaseErrors
 from core.failures import classify_on
 from core.health import Heartbeat, database_ready
-from core.ops_server import Probes, ops_server_from_env
+from core.ops_server import Probes, operations_server
 from core.progress import ProgressBar
 from outbox import kafka, kafka_errors, metrics, store
 from outbox.config import RelaySettings, load_relay_settings, validate
@@ -109,16 +108,9 @@ class Command(ProjectCommand):
     def _loop(self, settings: RelaySettings, stop: threading.Event) -> None:
         """--loop, with METRICS_ADDR's /metrics, /healthz (the loop beats) and /readyz."""
         beat = Heartbeat(timeout=max(HEARTBEAT_MIN, 3 * settings.poll_interval))
-        server = ops_server_from_env(os.environ, Probes(beat.liveness, database_ready))
-        if server is not None:
-            gauges.install()
-            metrics.install_relay_metrics()
-            server.start()
-        try:
+        with operations_server(os.environ, Probes(beat.liveness, database_ready),
+                               prepare=metrics.install_relay_metrics):
             Relay(settings, stop=stop, heartbeat=beat).run_loop()
-        finally:
-            if server is not None:
-                server.stop()
 
     def _summarise(self, stats: RelayStats, backlog: store.Backlog) -> None:
         self.stdout.write("\n".join([

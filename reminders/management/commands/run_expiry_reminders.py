@@ -14,8 +14,9 @@ from core.tracing import configure_tracing
 from reminders.cli import parse_as_of
 from reminders.config import load_settings
 from reminders.loop import run_loop
-from reminders.observe import ObservedCycles, observed_loop
+from reminders.observe import ObservedCycles
 from reminders.result import CycleResult
+from reminders.serving import observed_loop
 
 FUTURE_TOLERANCE = timedelta(minutes=5)
 
