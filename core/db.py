@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import psycopg.sql
 from django.db import Error as DjangoDatabaseError
 from django.db import connections, transaction
 
@@ -26,6 +27,25 @@ def raw_connection(using: str) -> psycopg.Connection[Any]:
     if conn is None:
         raise psycopg.InterfaceError(f"no connection for database alias {using!r}")
     return conn  # type: ignore[no-any-return]
+
+
+def new_session(using: str, *setup: str) -> psycopg.Connection[Any]:
+    """A new autocommit session connected like the alias's, in the role the alias's session
+    is in now (a process that SET ROLE works as that role here too), set up by the `setup`
+    statements (run last)."""
+    role = raw_connection(using).execute("select current_user").fetchone()
+    wrapper = connections[using]
+    session: psycopg.Connection[Any] = wrapper.get_new_connection(wrapper.get_connection_params())
+    try:
+        session.autocommit = True
+        if role is not None and role[0] != session.info.user:
+            session.execute(psycopg.sql.SQL("set role {}").format(psycopg.sql.Identifier(role[0])))
+        for statement in setup:
+            session.execute(statement.encode())
+    except BaseException:
+        session.close()
+        raise
+    return session
 
 
 def server_cursor(using: str) -> psycopg.Cursor[Any]:

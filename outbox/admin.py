@@ -171,7 +171,7 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         with transaction.atomic():
             parked = list(cast(OutboxMessageQuerySet, queryset).parked()
                           .order_by("created_at").select_for_update())
-            # The relay's own re-queue: it also clears the lease, so the row goes out at once.
+            # The relay's own re-queue: attempts and the retry delay reset, the row goes out at once.
             outbox_store.requeue_parked(queryset.db, [m.pk for m in parked])
             for message in parked:
                 self.log_change(request, message, (

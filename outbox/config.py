@@ -3,6 +3,7 @@ core.config before any database or Kafka work: a bad value raises ConfigError na
 
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -14,6 +15,7 @@ from core.config import (
     Environment,
     Parser,
     Settings,
+    choice_parser,
     parse_duration,
     parse_duration_or_zero,
     parse_positive_int,
@@ -72,7 +74,6 @@ class RelaySettings(Settings):
     retention: timedelta = timedelta(days=7)
     max_attempts: int = 5
     delivery_timeout: timedelta = timedelta(seconds=30)
-    claim_ttl: timedelta = timedelta(minutes=2)
     shutdown_grace: timedelta = timedelta(seconds=10)
     backoff_initial: timedelta = timedelta(seconds=1)
     backoff_max: timedelta = timedelta(minutes=1)
@@ -106,7 +107,6 @@ VARIABLES: dict[str, tuple[str, Parser[Any]]] = {
     "OUTBOX_RETENTION": ("retention", parse_duration),
     "OUTBOX_MAX_ATTEMPTS": ("max_attempts", parse_positive_int),
     "OUTBOX_DELIVERY_TIMEOUT": ("delivery_timeout", parse_duration),
-    "OUTBOX_CLAIM_TTL": ("claim_ttl", parse_duration),
     "OUTBOX_SHUTDOWN_GRACE": ("shutdown_grace", parse_duration),
     "OUTBOX_BACKOFF_INITIAL": ("backoff_initial", parse_duration),
     "OUTBOX_BACKOFF_MAX": ("backoff_max", parse_duration),
@@ -118,11 +118,10 @@ VARIABLES: dict[str, tuple[str, Parser[Any]]] = {
 MAX_STATISTICS_INTERVAL = timedelta(days=1)
 
 
-def _choice(name: str, raw: str, choices: tuple[str, ...]) -> str:
-    value = raw.strip().upper()
-    if value not in choices:
-        raise ConfigError(name, f"expected one of {', '.join(choices)}, got {raw!r}")
-    return value
+_protocol = choice_parser(*PROTOCOLS, upper=True)
+_sasl_mechanism = choice_parser(*SASL_MECHANISMS, upper=True)
+# Read by no code since the relay stopped leasing rows (docs/outbox-relay.md, "Settings").
+DEPRECATED_VARIABLES = {"OUTBOX_CLAIM_TTL": "no row is leased any more; remove it"}
 
 
 def _readable_file(name: str, raw: str) -> str:
@@ -135,8 +134,8 @@ def _readable_file(name: str, raw: str) -> str:
 def load_security(environ: Mapping[str, str]) -> KafkaSecurity:
     """KAFKA_SECURITY_PROTOCOL, KAFKA_SASL_* and KAFKA_SSL_*, each checked against the protocol:
     a SASL or TLS setting the protocol would ignore is refused, not silently dropped."""
-    protocol = _choice("KAFKA_SECURITY_PROTOCOL", environ.get("KAFKA_SECURITY_PROTOCOL",
-                                                              "PLAINTEXT"), PROTOCOLS)
+    protocol = _protocol("KAFKA_SECURITY_PROTOCOL",
+                         environ.get("KAFKA_SECURITY_PROTOCOL", "PLAINTEXT").strip())
     sasl, tls = protocol.startswith("SASL_"), protocol.endswith("SSL")
 
     def get(name: str, *, needs: bool, required: bool = False) -> str | None:
@@ -168,7 +167,7 @@ def load_security(environ: Mapping[str, str]) -> KafkaSecurity:
                           f"expected https (verify the broker's host name) or none, got {identify!r}")
     return KafkaSecurity(
         protocol=protocol,
-        sasl_mechanism=_choice("KAFKA_SASL_MECHANISM", mechanism, SASL_MECHANISMS)
+        sasl_mechanism=_sasl_mechanism("KAFKA_SASL_MECHANISM", mechanism.strip())
         if mechanism is not None else None,
         sasl_username=username.strip() if username is not None else None,
         sasl_password=Secret(password) if password is not None else None,
@@ -199,6 +198,11 @@ def parse_properties(name: str, raw: str) -> tuple[tuple[str, Scalar], ...]:
 def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True) -> RelaySettings:
     """Read KAFKA_* and OUTBOX_* from `environ`; defaults for what is unset."""
     env = Environment(environ)
+    for name, why in DEPRECATED_VARIABLES.items():
+        if env.raw(name) is not None:
+            # A DeprecationWarning, not a log line: an operator's output stays as it was.
+            warnings.warn(f"{name} is deprecated and ignored: {why}", DeprecationWarning,
+                          stacklevel=2)
     if need_kafka and env.raw(BOOTSTRAP_VAR) is None:
         raise ConfigError(BOOTSTRAP_VAR, "not set; expected host:port[,host:port...]")
     raw_properties = env.raw(PROPERTIES_VAR)
@@ -213,13 +217,8 @@ def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True) 
 
 
 def validate(settings: RelaySettings) -> None:
-    """Cross-field rules: a claim must outlive a delivery, backoff must be a range."""
-    if settings.claim_ttl <= settings.delivery_timeout:
-        raise ConfigError(
-            "OUTBOX_CLAIM_TTL",
-            f"must be longer than OUTBOX_DELIVERY_TIMEOUT ({settings.delivery_timeout}), "
-            f"got {settings.claim_ttl}",
-        )
+    """Cross-field rules: backoff must be a range, the statistics interval and the batch
+    bounded."""
     if settings.backoff_max < settings.backoff_initial:
         raise ConfigError(
             "OUTBOX_BACKOFF_MAX",

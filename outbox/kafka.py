@@ -1,22 +1,19 @@
-"""The Kafka side of the relay: the producer's configuration (security settings, and extra
-librdkafka properties that may not touch what the guarantees rest on), an outbox row as a Kafka
-record, and which errors mean "the broker is unavailable" (wait and retry, no attempt counted),
-"this message cannot be delivered" (count an attempt, park it eventually), or "the broker
-refused the relay" (wrong credentials or certificate: stop, exit 1)."""
+"""The relay's Kafka producer configuration: the security settings, the extra librdkafka
+properties (which may not touch what the guarantees rest on, GUARDED_PROPERTIES), and an
+outbox row's headers as a Kafka record takes them. The errors are outbox.kafka_errors', the
+redaction outbox.redaction's, librdkafka's log outbox.kafka_log's."""
 
 import json
-import logging
 import re
-import time
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from core.config import ConfigError
 from outbox.config import PROPERTIES_VAR, KafkaSecurity, RelaySettings
-from outbox.store import ClaimedMessage
-
-logger = logging.getLogger("outbox.kafka")
+from outbox.kafka_log import LibrdkafkaLog
+from outbox.redaction import redact, secrets
+from outbox.store import ReadMessage
 
 # The librdkafka property each security variable sets.
 SECURITY_VARIABLES = {
@@ -31,7 +28,7 @@ SECURITY_VARIABLES = {
     "ssl.key.password": "KAFKA_SSL_KEY_PASSWORD",
     "ssl.endpoint.identification.algorithm": "KAFKA_SSL_ENDPOINT_IDENTIFICATION",
 }
-_DELIVERY_TIMEOUT = "set OUTBOX_DELIVERY_TIMEOUT instead: it must stay below OUTBOX_CLAIM_TTL"
+_DELIVERY_TIMEOUT = "set OUTBOX_DELIVERY_TIMEOUT instead"
 # What KAFKA_PRODUCER_CONFIG may not set, and why: the guarantees, and what a variable owns.
 GUARDED_PROPERTIES = {
     "enable.idempotence": "order per key without duplicates from retries rests on it (always true)",
@@ -48,131 +45,6 @@ GUARDED_PROPERTIES = {
     "statistics.interval.ms": "set OUTBOX_STATISTICS_INTERVAL instead",
     **{prop: f"set {var} instead" for prop, var in SECURITY_VARIABLES.items()},
 }
-# Property names whose values are secrets: never shown, even from KAFKA_PRODUCER_CONFIG.
-_SECRET_NAME = re.compile(r"password|secret|token|\.pem$|credential")
-# librdkafka's variable tail of an error: "(after 31ms in state AUTH_REQ, 2 identical ...)".
-_ERROR_TAIL = re.compile(r"\s*\(after [0-9]+ms in state [A-Z_]+[^)]*\)")
-
-# The broker (or the way to it) is unavailable: nothing is wrong with the message itself.
-UNAVAILABLE_CODES = frozenset({
-    KafkaError._MSG_TIMED_OUT,
-    KafkaError._TIMED_OUT,
-    KafkaError._TIMED_OUT_QUEUE,
-    KafkaError._TRANSPORT,
-    KafkaError._ALL_BROKERS_DOWN,
-    KafkaError._RESOLVE,
-    KafkaError._QUEUE_FULL,
-    KafkaError._PURGE_QUEUE,
-    KafkaError._PURGE_INFLIGHT,
-    KafkaError._DESTROY,
-    KafkaError._FATAL,
-    KafkaError._NODE_UPDATE,
-    KafkaError.LEADER_NOT_AVAILABLE,
-    KafkaError.NOT_LEADER_FOR_PARTITION,
-    KafkaError.NOT_ENOUGH_REPLICAS,
-    KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-    KafkaError.REQUEST_TIMED_OUT,
-    KafkaError.NETWORK_EXCEPTION,
-    KafkaError.BROKER_NOT_AVAILABLE,
-    KafkaError.COORDINATOR_NOT_AVAILABLE,
-    KafkaError.KAFKA_STORAGE_ERROR,
-    # The idempotent producer's state, not the message: a restarted broker forgot the producer.
-    KafkaError.UNKNOWN_PRODUCER_ID,
-    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
-    KafkaError.INVALID_PRODUCER_EPOCH,
-})
-
-# The message can never go out as it is: too large, no such topic, not authorised, invalid.
-UNDELIVERABLE_CODES = frozenset({
-    KafkaError.MSG_SIZE_TOO_LARGE,
-    KafkaError.RECORD_LIST_TOO_LARGE,
-    KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError._UNKNOWN_TOPIC,
-    KafkaError._UNKNOWN_PARTITION,
-    KafkaError.TOPIC_AUTHORIZATION_FAILED,
-    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-    KafkaError.TOPIC_EXCEPTION,
-    KafkaError.INVALID_RECORD,
-    KafkaError.INVALID_MSG,
-    KafkaError._INVALID_ARG,
-})
-
-
-# The broker refused the relay itself: credentials, SASL mechanism, or the TLS handshake
-# (certificate not trusted, host name mismatch). Waiting does not change that.
-REFUSED_CODES = frozenset({
-    KafkaError._AUTHENTICATION,
-    KafkaError._SSL,
-    KafkaError.SASL_AUTHENTICATION_FAILED,
-    KafkaError.UNSUPPORTED_SASL_MECHANISM,
-    KafkaError.ILLEGAL_SASL_STATE,
-})
-
-
-# A TLS alert from the broker's side after the handshake (TLS 1.3 sends "certificate required"
-# that way), or this side's own verification of the broker's certificate failing (a wrong CA,
-# a host name it does not name), which librdkafka may report as a transport error before its
-# _SSL one: either way the handshake was refused, and no retry changes that.
-_TLS_REFUSAL = re.compile(r"SSL routines::(.*alert (certificate required|bad certificate|unknown ca"
-                          r"|certificate unknown|certificate revoked|certificate expired"
-                          r"|access denied|handshake failure)|certificate verify failed)")
-
-
-class KafkaRefusedError(RuntimeError):
-    """The broker refused the relay's credentials or TLS handshake; the message says which
-    settings to check and carries no secret."""
-
-
-def refused(error: KafkaError) -> bool:
-    """True when `error` says the broker will not let this client in as configured."""
-    if error.code() == KafkaError._TRANSPORT:
-        return bool(_TLS_REFUSAL.search(error.str()))
-    return error.code() in REFUSED_CODES
-
-
-def broker_unavailable(error: KafkaError) -> bool:
-    """True when `error` says nothing about the message, only that Kafka could not be reached."""
-    code = error.code()
-    if error.fatal():
-        return True  # the producer failed (a new one takes over), not the message
-    if code in UNDELIVERABLE_CODES:
-        return False
-    return code in UNAVAILABLE_CODES or bool(error.retriable())
-
-
-def describe(error: KafkaError) -> str:
-    """`MSG_SIZE_TOO_LARGE: Broker: Message size too large`, for last_error and logs."""
-    return f"{error.name()}: {_ERROR_TAIL.sub('', error.str())}"
-
-
-def refusal(error: KafkaError, settings: RelaySettings) -> KafkaRefusedError:
-    """The one line an operator reads when the broker refused the relay."""
-    security = settings.security
-    if error.code() in {KafkaError._SSL, KafkaError._TRANSPORT}:
-        check = ("KAFKA_SSL_CA_LOCATION (the CA that signed the broker's certificate), "
-                 "KAFKA_SSL_ENDPOINT_IDENTIFICATION, and KAFKA_SSL_CERTIFICATE_LOCATION and "
-                 "KAFKA_SSL_KEY_LOCATION (the client certificate the broker may demand)")
-    else:
-        check = "KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD"
-    how = security.protocol + (f" {security.sasl_mechanism}" if security.uses_sasl else "")
-    return KafkaRefusedError(redact(f"kafka refused the relay ({how}): {describe(error)}; check {check}",
-                               settings))
-
-
-def secrets(settings: RelaySettings) -> list[str]:
-    """Every secret value in the settings, to scrub from any text shown."""
-    security = settings.security
-    values = [s.value for s in (security.sasl_password, security.ssl_key_password) if s]
-    values += [str(v) for k, v in settings.extra_properties if _SECRET_NAME.search(k)]
-    return [v for v in values if v]
-
-
-def redact(text: str, settings: RelaySettings) -> str:
-    for secret in secrets(settings):
-        text = text.replace(secret, "***")
-    return text
-
-
 def security_config(security: KafkaSecurity) -> dict[str, Any]:
     """librdkafka's security properties for the settings; a client of any kind needs them."""
     config: dict[str, Any] = {"security.protocol": security.protocol}
@@ -251,46 +123,6 @@ def check_producer_config(settings: RelaySettings) -> None:
                           f"librdkafka refused it: {redact(text, settings)}{hint}") from None
 
 
-class RepeatFilter:
-    """Lets a line through once per `window_s` seconds; librdkafka repeats a failing connection's
-    error every reconnect (twice a second), which would flood the log."""
-
-    def __init__(self, window_s: float = 60.0) -> None:
-        self.window_s = window_s
-        self._last: dict[str, float] = {}
-
-    def fresh(self, line: str) -> bool:
-        key = _ERROR_TAIL.sub("", line)
-        now = time.monotonic()
-        if now - self._last.get(key, -self.window_s) < self.window_s:
-            return False
-        self._last[key] = now
-        return True
-
-
-# librdkafka's log facilities whose failures the relay reports itself: a failed connection
-# (FAIL, ERROR) reaches its error callback and so the outage log (outbox.outage), a fatal
-# error (FATAL) its "producer failed fatally" line. Logging both would say each failure twice.
-REPORTED_FACILITIES = frozenset({"FAIL", "ERROR", "FATAL"})
-
-
-class LibrdkafkaLog:
-    """librdkafka's own log lines into `outbox.kafka`, without the failures the relay reports
-    itself (REPORTED_FACILITIES), without repeats, and with any secret scrubbed."""
-
-    def __init__(self, hidden: list[str] | None = None) -> None:
-        self._repeats = RepeatFilter()
-        self._hidden = hidden or []
-
-    def log(self, level: int, fmt: str, *args: Any) -> None:
-        facility = args[0] if args else ""
-        line = fmt % args if args else fmt
-        if facility not in REPORTED_FACILITIES and self._repeats.fresh(line):
-            for secret in self._hidden:
-                line = line.replace(secret, "***")
-            logger.log(level, "%s", line)
-
-
 def new_producer(settings: RelaySettings, client_id: str, on_error: Any = None,
                  on_statistics: Any = None) -> Producer:
     config = producer_config(settings, client_id)
@@ -301,7 +133,7 @@ def new_producer(settings: RelaySettings, client_id: str, on_error: Any = None,
     return Producer(config)
 
 
-def record_headers(message: ClaimedMessage) -> dict[str, str]:
+def record_headers(message: ReadMessage) -> dict[str, str]:
     """The row's headers as the producer takes them: every value text (UTF-8 on the wire); a
     value stored as another JSON type is sent as its JSON text."""
     return {name: value if isinstance(value, str) else json.dumps(value)

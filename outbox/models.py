@@ -8,20 +8,17 @@ from django.db import models
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
-# A row still ahead of the relay's stream position (docs/outbox-relay.md): columns and tables of
-# migration 0005_stream_position, which the model does not map, as the admin's filters need them.
-_AHEAD_OF_POSITION = (
-    "(outbox_messages.txid, outbox_messages.seq)"
-    " > ((select p.txid from outbox_relay_position p), (select p.seq from outbox_relay_position p))"
-)
 # When a row was published, either way (the function of migration 0005_stream_position).
 _PUBLISHED_AT = "outbox_published_at(outbox_messages)"
+# The rows in one delivery state: the view of migration 0008_message_states, which the backlog
+# query (outbox/sql/queries.sql, outbox_backlog) reads too.
+_IN_STATE = "select s.id from outbox_message_states s where s.state = %s"
 
 
 class OutboxMessageQuerySet(models.QuerySet["OutboxMessage"]):
-    """The delivery states, with the one meaning of the relay's backlog (query
-    `outbox_backlog`): waiting (the stream ahead of the position, or a slow-lane row neither
-    published nor parked), parked, published."""
+    """The delivery states, with the one meaning of the relay's backlog (view
+    `outbox_message_states`): waiting (the stream ahead of the position, or a slow-lane row
+    neither published nor parked), parked, published."""
 
     def with_published_time(self) -> Self:
         """Annotate `published_time`: when the row was published (None: not yet)."""
@@ -29,25 +26,17 @@ class OutboxMessageQuerySet(models.QuerySet["OutboxMessage"]):
                                 output_field=models.DateTimeField())
         return self.annotate(published_time=published_time)
 
-    def _ahead(self) -> Self:
-        ahead = RawSQL(_AHEAD_OF_POSITION, [],  # noqa: S611 - a constant, no input
-                       output_field=models.BooleanField())
-        return self.alias(ahead=ahead)
+    def _in_state(self, state: str) -> Self:
+        return self.filter(id__in=RawSQL(_IN_STATE, [state]))  # noqa: S611 - a parameter
 
     def waiting(self) -> Self:
-        return self._ahead().filter(
-            models.Q(detoured_at__isnull=True, ahead=True)
-            | models.Q(detoured_at__isnull=False, published_at__isnull=True,
-                       parked_at__isnull=True))
+        return self._in_state("waiting")
 
     def parked(self) -> Self:
-        return self.filter(detoured_at__isnull=False, published_at__isnull=True,
-                           parked_at__isnull=False)
+        return self._in_state("parked")
 
     def published(self) -> Self:
-        return self._ahead().filter(
-            models.Q(detoured_at__isnull=True, ahead=False)
-            | models.Q(detoured_at__isnull=False, published_at__isnull=False))
+        return self._in_state("published")
 
 
 class OutboxMessage(models.Model):
@@ -80,10 +69,7 @@ class OutboxMessage(models.Model):
     )
     available_at = models.DateTimeField(
         null=True,
-        help_text="Not claimable before this instant: a relay's claim lease, or a retry delay",
-    )
-    claimed_by = models.CharField(
-        max_length=64, null=True, help_text="The relay instance holding the current claim"
+        help_text="A slow-lane row is not delivered before this instant: its retry delay",
     )
 
     class Meta:

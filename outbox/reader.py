@@ -14,9 +14,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import psycopg
-from django.db import connections
 
-from core.db import DatabaseErrors, raw_connection
+from core.db import DatabaseErrors, new_session
 from outbox import store
 
 
@@ -28,28 +27,17 @@ class StreamReader:
         self.batch_size = batch_size
         self._session: psycopg.Connection[Any] | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._ahead: tuple[store.Position, Future[list[store.ClaimedMessage]]] | None = None
+        self._ahead: tuple[store.Position, Future[list[store.ReadMessage]]] | None = None
 
     def _connection(self) -> psycopg.Connection[Any]:
-        """The reader's session: connected like the alias's, in the same role (a relay that
-        SET ROLE reads as that role here too)."""
+        """The reader's session: connected like the alias's, in the same role."""
         if self._session is None or self._session.closed:
-            main = raw_connection(self.using)
-            role = main.execute("select current_user").fetchone()
-            wrapper = connections[self.using]
-            session: psycopg.Connection[Any] = wrapper.get_new_connection(
-                wrapper.get_connection_params())
-            session.autocommit = True
-            session.execute(store.QUERIES["stream_reader_session"])
-            if role is not None and role[0] != session.info.user:
-                session.execute(psycopg.sql.SQL("set role {}").format(
-                    psycopg.sql.Identifier(role[0])))
-            self._session = session
+            self._session = new_session(self.using, store.QUERIES["stream_reader_session"])
         return self._session
 
     def _read(self, after: store.Position,
-              session: psycopg.Connection[Any] | None = None) -> list[store.ClaimedMessage]:
-        return store.read_stream_on(session or self._connection(), batch_size=self.batch_size,
+              session: psycopg.Connection[Any] | None = None) -> list[store.ReadMessage]:
+        return store.read_stream(session or self._connection(), batch_size=self.batch_size,
                                     after=after)
 
     def read_ahead(self, after: store.Position) -> None:
@@ -61,11 +49,7 @@ class StreamReader:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-reader")
         self._ahead = (after, self._pool.submit(self._read, after, session))
 
-    def has_ahead(self, after: store.Position) -> bool:
-        """Is a read started ahead for the batch after `after`?"""
-        return self._ahead is not None and self._ahead[0] == after
-
-    def read(self, after: store.Position) -> list[store.ClaimedMessage]:
+    def read(self, after: store.Position) -> list[store.ReadMessage]:
         """The batch after `after`: the read started ahead if it was for there, else now. A
         database failure of either is raised here (and the reader's session is dropped)."""
         ahead, self._ahead = self._ahead, None
@@ -85,7 +69,7 @@ class StreamReader:
         if ahead is not None:
             self._wait(ahead[1])
 
-    def _wait(self, future: "Future[list[store.ClaimedMessage]]") -> None:
+    def _wait(self, future: "Future[list[store.ReadMessage]]") -> None:
         """Wait for a read nobody wants any more; a session it failed on is dropped."""
         try:
             future.result()

@@ -25,7 +25,7 @@ Position = tuple[str, int]
 
 
 @dataclass(frozen=True, slots=True)
-class ClaimedMessage:
+class ReadMessage:
     """A deliverable outbox row, as the producer needs it (the payload stays opaque text)."""
 
     id: uuid.UUID
@@ -198,15 +198,10 @@ def read_position(using: str) -> Position:
     return str(txid), int(seq)
 
 
-def read_stream(using: str, *, batch_size: int, after: Position) -> list[ClaimedMessage]:
-    """Up to `batch_size` rows after `after` in stream order, of settled transactions only;
-    nothing is written (only the leading relay reads)."""
-    return read_stream_on(raw_connection(using), batch_size=batch_size, after=after)
-
-
-def read_stream_on(conn: psycopg.Connection[Any], *, batch_size: int,
-                   after: Position) -> list[ClaimedMessage]:
-    """read_stream on a given session (the relay's reader has one of its own)."""
+def read_stream(conn: psycopg.Connection[Any], *, batch_size: int,
+                   after: Position) -> list[ReadMessage]:
+    """Up to `batch_size` rows after `after` in stream order, of settled transactions only, on
+    the given session (the relay's reader has one of its own); nothing is written."""
     with psycopg.Cursor(conn) as cur:
         cur.execute(QUERIES["read_stream"], {"batch_size": batch_size,
                                              "after_txid": after[0], "after_seq": after[1]},
@@ -215,7 +210,7 @@ def read_stream_on(conn: psycopg.Connection[Any], *, batch_size: int,
     read_at = time.monotonic()
     loads = orjson.loads
     return [
-        ClaimedMessage(r[2], r[3], r[4], r[5], loads(r[6]), r[7], 0, r[8], read_at,
+        ReadMessage(r[2], r[3], r[4], r[5], loads(r[6]), r[7], 0, r[8], read_at,
                        (r[0], r[1]), r[9])
         for r in rows
     ]
@@ -229,14 +224,14 @@ def stream_waiting(using: str, after: Position) -> bool:
         return bool(one(cur)[0])
 
 
-def read_slow(using: str, *, batch_size: int) -> list[ClaimedMessage]:
+def read_slow(using: str, *, batch_size: int) -> list[ReadMessage]:
     """Up to `batch_size` due slow-lane rows, per key only its oldest waiting one."""
     with server_cursor(using) as cur:
         cur.execute(QUERIES["read_slow"], {"batch_size": batch_size}, binary=True)
         rows = cur.fetchall()
     read_at = time.monotonic()
     return [
-        ClaimedMessage(id=r[0], topic=r[1], key=r[2], payload=r[3], headers=orjson.loads(r[4]),
+        ReadMessage(id=r[0], topic=r[1], key=r[2], payload=r[3], headers=orjson.loads(r[4]),
                        timestamp_ms=r[5], age_at_read_s=r[6], attempts=r[7], read_at=read_at)
         for r in rows
     ]

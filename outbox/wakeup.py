@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 import psycopg
-from django.db import connections
 
+from core.db import DatabaseErrors, new_session
 from core.logs import log_event
 from outbox import store
 
@@ -32,13 +32,9 @@ class Wakeup:
         inserted after the look goes unnoticed."""
         if self._conn is not None and not self._conn.closed:
             return self._conn
-        wrapper = connections[self.using]
         try:
-            conn: psycopg.Connection[Any] = wrapper.get_new_connection(
-                wrapper.get_connection_params())
-            conn.autocommit = True
-            conn.execute(store.QUERIES["listen_for_new_rows"])
-        except psycopg.Error as exc:
+            conn = new_session(self.using, store.QUERIES["listen_for_new_rows"])
+        except DatabaseErrors as exc:
             log_event(logger, logging.WARNING, "listen failed, polling instead",
                       error=f"{type(exc).__name__}: {exc}".strip()[:300])
             return None

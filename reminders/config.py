@@ -37,6 +37,9 @@ class ReminderSettings(Settings):
     prune_budget: timedelta = timedelta(minutes=1)
     retention_days: int = 90
     run_history_days: int = 90
+    # The loop's wait after consecutive failures: doubling from the first, up to the cap.
+    backoff_initial: timedelta = timedelta(seconds=1)
+    backoff_max: timedelta = timedelta(minutes=5)
 
     @property
     def max_silence(self) -> timedelta:
@@ -90,9 +93,16 @@ VARIABLES: dict[str, tuple[str, Parser[Any]]] = {
     "REMINDER_PRUNE_BUDGET": ("prune_budget", parse_duration),
     "REMINDER_RETENTION_DAYS": ("retention_days", _retention_days),
     "REMINDER_RUN_HISTORY_DAYS": ("run_history_days", _history_days),
+    "REMINDER_BACKOFF_INITIAL": ("backoff_initial", parse_duration),
+    "REMINDER_BACKOFF_MAX": ("backoff_max", parse_duration),
 }
 
 
 def load_settings(environ: Mapping[str, str]) -> ReminderSettings:
     """Read REMINDER_* from `environ`, defaults for what is unset; raise ConfigError on bad input."""
-    return ReminderSettings().with_overrides(**Environment(environ).fields(VARIABLES))
+    settings = ReminderSettings().with_overrides(**Environment(environ).fields(VARIABLES))
+    if settings.backoff_max < settings.backoff_initial:
+        raise ConfigError("REMINDER_BACKOFF_MAX",
+                          f"must be at least REMINDER_BACKOFF_INITIAL ({settings.backoff_initial}), "
+                          f"got {settings.backoff_max}")
+    return settings

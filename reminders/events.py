@@ -20,13 +20,9 @@ MAX_DOCUMENTS_PER_EVENT = 500
 # data offer these; the data may hold others, and the event carries whatever type it has.
 DOCUMENT_TYPES = ("Passport", "InternationalPassport", "DriverLicense", "ResidencePermit", "Visa")
 
-# The contract requires a non-empty type; a blank one in the source data goes out as this.
+# The contract requires a non-empty type; a blank one in the source data goes out as this
+# (reminders/sql/queries.sql, claim_batch).
 UNKNOWN_DOCUMENT_TYPE = "Unknown"
-
-
-def event_type_of(document_type: str) -> str:
-    """The `type` of an event item: the stored type, or `Unknown` when it is blank."""
-    return document_type if document_type.strip() else UNKNOWN_DOCUMENT_TYPE
 
 
 def format_instant(instant: datetime) -> str:

@@ -43,24 +43,29 @@ revoke insert on profile.outbox_messages from pin_reminder_worker;
 grant insert (id, aggregate_type, aggregate_id, event_type, contract_version, topic,
               message_key, payload, headers, created_at, attempts)
     on profile.outbox_messages to pin_reminder_worker;
+-- A new row's headers are the outbox's (outbox migration 0009_outbox_headers).
+grant execute on function profile.outbox_headers(uuid, text, text, integer, jsonb)
+    to pin_reminder_worker;
 
 -- The outbox relay: reads, marks and prunes the outbox; nothing else.
 grant usage on schema profile to pin_outbox_relay;
 -- It updates only the delivery bookkeeping, never a row's place in the stream (txid, seq).
 revoke update on profile.outbox_messages from pin_outbox_relay;
 grant select, delete on profile.outbox_messages to pin_outbox_relay;
-grant update (published_at, attempts, last_error, available_at, claimed_by, parked_at,
-              detoured_at)
+grant update (published_at, attempts, last_error, available_at, parked_at, detoured_at)
     on profile.outbox_messages to pin_outbox_relay;
 -- The stream's position (moved once per batch) and the batches' history (kept for retention).
 grant select, update on profile.outbox_relay_position to pin_outbox_relay;
 grant select, insert, delete on profile.outbox_relay_batches to pin_outbox_relay;
+grant select on profile.outbox_message_states to pin_outbox_relay;
 
 -- Observability: the worker's metrics server reports the outbox backlog (so it stays visible
 -- while the relay is down), reading only the bookkeeping timestamps, never payload or headers.
 grant select (txid, seq, created_at, detoured_at, published_at, parked_at)
     on profile.outbox_messages to pin_reminder_worker;
 grant select on profile.outbox_relay_position to pin_reminder_worker;
+grant select (lane, state, txid, seq, created_at) on profile.outbox_message_states
+    to pin_reminder_worker;
 
 -- The admin web process (gunicorn): reads the ledger, the run history and the outbox; of
 -- person_documents only what the overview's backlog census filters on (never payload_cipher,
@@ -68,9 +73,10 @@ grant select on profile.outbox_relay_position to pin_reminder_worker;
 -- requeue_parked); and keeps Django's own users, groups, sessions and admin log.
 grant usage on schema profile to pin_admin_web;
 grant select on profile.document_expiry_reminders, profile.document_expiry_reminder_runs,
-    profile.outbox_messages, profile.outbox_relay_position, profile.outbox_relay_batches
+    profile.outbox_messages, profile.outbox_relay_position, profile.outbox_relay_batches,
+    profile.outbox_message_states
     to pin_admin_web;
-grant update (parked_at, attempts, available_at, claimed_by) on profile.outbox_messages
+grant update (parked_at, attempts, available_at) on profile.outbox_messages
     to pin_admin_web;
 revoke all on profile.person_documents from pin_admin_web;
 grant select (id, status, deleted_at, expires_at) on profile.person_documents to pin_admin_web;

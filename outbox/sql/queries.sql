@@ -11,10 +11,10 @@ select txid::text, seq from outbox_relay_position;
 
 -- read_stream: up to batch_size rows after a position, in stream order (txid, seq), only of transactions older than every one still running (so that no row can later commit behind the position); held = its key has a waiting or parked row in the slow lane, which it must not overtake
 select m.txid::text, m.seq, m.id, m.topic, m.message_key, m.payload::text,
-       -- the Kafka headers: the row's own, and its aggregate and id where it has none
+       -- the Kafka headers: the row's own (outbox_headers built them), and its aggregate where
+       -- it has none
        jsonb_strip_nulls(jsonb_build_object('aggregate_type', m.aggregate_type,
-                                            'aggregate_id', m.aggregate_id,
-                                            'message_id', m.id::text) || m.headers)::text,
+                                            'aggregate_id', m.aggregate_id) || m.headers)::text,
        -- the Kafka timestamp (ms since the epoch), and the row's age now on the database's
        -- clock (which stamped created_at)
        floor(extract(epoch from m.created_at) * 1000)::int8,
@@ -97,8 +97,7 @@ returning m.id, m.parked_at is not null as parked;
 -- read_slow: up to batch_size due rows of the slow lane, each the oldest waiting row of its key (a delayed or parked head holds its key)
 select o.id, o.topic, o.message_key, o.payload::text,
        jsonb_strip_nulls(jsonb_build_object('aggregate_type', o.aggregate_type,
-                                            'aggregate_id', o.aggregate_id,
-                                            'message_id', o.id::text) || o.headers)::text,
+                                            'aggregate_id', o.aggregate_id) || o.headers)::text,
        floor(extract(epoch from o.created_at) * 1000)::int8,
        extract(epoch from clock_timestamp() - o.created_at)::float8,
        o.attempts
@@ -127,8 +126,7 @@ select pg_advisory_unlock(%(lock)s::bigint);
 update outbox_messages
 set published_at = now(),
     attempts = attempts + 1,
-    available_at = null,
-    claimed_by = null
+    available_at = null
 where id = any(%(ids)s::uuid[])
   and published_at is null;
 
@@ -136,7 +134,6 @@ where id = any(%(ids)s::uuid[])
 update outbox_messages m
 set attempts = m.attempts + 1,
     last_error = f.error,
-    claimed_by = null,
     available_at = case when m.attempts + 1 >= %(max_attempts)s then null
                         else now() + f.retry_in end,
     parked_at = case when m.attempts + 1 >= %(max_attempts)s then now() end
@@ -198,44 +195,36 @@ limit %(limit)s;
 update outbox_messages
 set parked_at = null,
     attempts = 0,
-    available_at = null,
-    claimed_by = null
+    available_at = null
 where parked_at is not null
   and published_at is null
   and (%(all)s or id = any(%(ids)s::uuid[]))
 returning id;
 
--- outbox_backlog: the backlog, one meaning for the gauges, the admin overview and the commands: unpublished = waiting for the relay (the stream ahead of the position, and the slow lane's rows not parked); parked rows are not waiting, they are counted apart; the oldest is the head of the stream or the oldest waiting slow-lane row, whichever is older (null when none)
--- It reads only txid, seq, created_at, detoured_at, published_at and parked_at, and the
--- position (all the worker's role may read, so its metrics server can serve it), through the
--- indexes ix_outbox_messages_stream and ix_outbox_messages_slow_key.
-with ahead as (
-    select 1 from outbox_messages m
-    where (m.txid, m.seq) > ((select p.txid from outbox_relay_position p),
-                             (select p.seq from outbox_relay_position p))
-      and m.detoured_at is null
-),
-slow as (
-    select created_at, parked_at from outbox_messages
-    where detoured_at is not null
-      and published_at is null
-),
-oldest as (
-    select least(
-        (select m.created_at from outbox_messages m
-         where (m.txid, m.seq) > ((select p.txid from outbox_relay_position p),
-                                  (select p.seq from outbox_relay_position p))
-           and m.detoured_at is null
-         order by m.txid, m.seq
-         limit 1),
-        (select min(created_at) from slow where parked_at is null)) as created_at
-)
-select (select count(*) from ahead) + (select count(*) from slow where parked_at is null)
-           as unpublished,
-       (select count(*) from slow where parked_at is not null) as parked,
+-- outbox_backlog: the backlog, one meaning for the gauges, the admin overview and the
+-- commands, from the rows' states (view outbox_message_states, migration 0008_message_states):
+-- unpublished = waiting for the relay (the stream ahead of the position, and the slow lane's
+-- rows not parked); parked rows are not waiting, they are counted apart; the oldest is the
+-- head of the stream or the oldest waiting slow-lane row, whichever is older (null when none).
+-- It reads the view's lane, state, txid, seq and created_at only (all the worker's role may
+-- read, so that its metrics server can serve it).
+select (select count(*) from outbox_message_states s
+        where s.state = 'waiting') as unpublished,
+       (select count(*) from outbox_message_states s
+        where s.lane = 'slow' and s.state = 'parked') as parked,
        o.created_at as oldest_created_at,
        extract(epoch from now() - o.created_at) as oldest_age_s
-from oldest o;
+from (select least(
+          -- the view's stream-waiting rows, in index order: an ordered lookup cannot go
+          -- through the view's union (it would sort every waiting row)
+          (select m.created_at from outbox_messages m
+           where (m.txid, m.seq) > ((select p.txid from outbox_relay_position p),
+                                    (select p.seq from outbox_relay_position p))
+             and m.detoured_at is null
+           order by m.txid, m.seq
+           limit 1),
+          (select min(s.created_at) from outbox_message_states s
+           where s.lane = 'slow' and s.state = 'waiting')) as created_at) o;
 
 -- relax_commit_durability: this session's commits do not wait for the WAL flush (a crash may undo the last marks: those rows are sent again, which at-least-once allows)
 set synchronous_commit = off;

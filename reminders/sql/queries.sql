@@ -228,12 +228,9 @@ written as (
          payload, headers, created_at, attempts)
     select e.id, %(aggregate_type)s::text, e.owner_user_id::text, %(event_type)s::text,
            %(contract_version)s::int, %(topic)s::text, e.owner_user_id::text, e.payload,
-           jsonb_build_object(
-               'message_id', e.id::text,
-               'correlation_id', %(run_id)s::text,
-               'event_type', %(event_type)s::text,
-               'contract_version', %(contract_version)s::int::text)
-           || coalesce(%(extra_headers)s::jsonb, '{}'::jsonb),
+           -- the outbox's headers, built by the outbox (outbox migration 0009_outbox_headers)
+           outbox_headers(e.id, %(run_id)s::text, %(event_type)s::text,
+                          %(contract_version)s::int, %(extra_headers)s::jsonb),
            now(), 0
     from events e
     order by e.most_urgent, e.owner_user_id

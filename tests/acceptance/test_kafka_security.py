@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import KafkaError
 
 from core.config import ConfigError
-from outbox import kafka
+from outbox import kafka, kafka_errors, kafka_log
 from outbox.config import PROTOCOLS, KafkaSecurity, load_relay_settings
 from tests.acceptance.test_relay_process import relay_env, run_relay, start_relay
 from tests.conftest import manage_py
@@ -171,22 +171,22 @@ def test_a_wrong_key_password_is_caught_before_any_work(certificates: Certificat
 
 
 def test_refusals_are_told_apart_from_an_unavailable_broker() -> None:
-    assert kafka.refused(KafkaError(KafkaError._AUTHENTICATION))
-    assert kafka.refused(KafkaError(KafkaError._SSL))
-    assert kafka.refused(KafkaError(KafkaError.SASL_AUTHENTICATION_FAILED))
-    assert not kafka.refused(KafkaError(KafkaError._TRANSPORT, "Connect failed: refused"))
-    assert kafka.refused(KafkaError(KafkaError._TRANSPORT, (
+    assert kafka_errors.refused(KafkaError(KafkaError._AUTHENTICATION))
+    assert kafka_errors.refused(KafkaError(KafkaError._SSL))
+    assert kafka_errors.refused(KafkaError(KafkaError.SASL_AUTHENTICATION_FAILED))
+    assert not kafka_errors.refused(KafkaError(KafkaError._TRANSPORT, "Connect failed: refused"))
+    assert kafka_errors.refused(KafkaError(KafkaError._TRANSPORT, (
         "ssl://b:9093/bootstrap: Receive failed: error:0A00045C:SSL routines::tlsv13 alert "
         "certificate required: SSL alert number 116")))
-    assert not kafka.refused(KafkaError(KafkaError._ALL_BROKERS_DOWN))
+    assert not kafka_errors.refused(KafkaError(KafkaError._ALL_BROKERS_DOWN))
     # This side's verification of the broker, reported as a transport error ahead of _SSL.
-    assert kafka.refused(KafkaError(KafkaError._TRANSPORT, (
+    assert kafka_errors.refused(KafkaError(KafkaError._TRANSPORT, (
         "ssl://127.0.0.1:24528/bootstrap: error:0A000086:SSL routines::certificate verify"
         " failed")))
 
 
 def test_repeated_client_errors_are_logged_once_a_minute() -> None:
-    repeats = kafka.RepeatFilter(window_s=60)
+    repeats = kafka_log.RepeatFilter(window_s=60)
     line = "_TRANSPORT: 127.0.0.1:9/bootstrap: Connect failed (after {}ms in state CONNECT)"
     assert [repeats.fresh(line.format(n)) for n in (1, 2, 3)] == [True, False, False]
     assert repeats.fresh("_ALL_BROKERS_DOWN: 1/1 brokers are down")

@@ -33,6 +33,7 @@ from tests.support.relay_support import (
     insert_outbox,
     interleaved_rows,
     outbox_state,
+    read_stream,
     relay_lock_holders,
     relay_settings,
     unpublished_count,
@@ -119,11 +120,11 @@ def test_a_stream_batch_ends_before_a_key_it_already_has_or_one_in_flight(
     with as_relay():
         relay = Relay(relay_settings("127.0.0.1:9"))
         start = store.read_position("default")
-        first = relay._read_stream(start, busy=set())
+        first = relay.stream.read(start, busy=set())
         assert first[-1].position is not None
         # The next read, while the first batch is in flight: its keys come back first.
-        blocked = relay._read_stream(first[-1].position, busy={m.key for m in first})
-        alone = relay._read_stream(first[-1].position, busy=set())
+        blocked = relay.stream.read(first[-1].position, busy={m.key for m in first})
+        alone = relay.stream.read(first[-1].position, busy=set())
         relay.close()
 
     assert sorted(m.id for m in first) == sorted(firsts)  # one row per key: cut at a repeat
@@ -155,7 +156,7 @@ def test_an_open_transaction_holds_the_stream_back_and_no_row_is_skipped(
              BASE_TIME - timedelta(days=1)])
         interleaved_rows(keys=5, per_key=2)
         with as_relay():
-            held_back = store.read_stream("default", batch_size=100,
+            held_back = read_stream(batch_size=100,
                                           after=store.read_position("default"))
             stats = Relay(relay_settings(kafka.bootstrap_servers, batch_size=2)).run_pass()
         assert held_back == [] and stats.published == 0
@@ -164,7 +165,7 @@ def test_an_open_transaction_holds_the_stream_back_and_no_row_is_skipped(
     finally:
         late.close()
     with as_relay():
-        first = store.read_stream("default", batch_size=1, after=store.read_position("default"))
+        first = read_stream(batch_size=1, after=store.read_position("default"))
         stats = Relay(relay_settings(kafka.bootstrap_servers, batch_size=2)).run_pass()
 
     assert [m.id for m in first] == [late_id]
@@ -184,9 +185,9 @@ def test_a_stream_held_back_by_an_open_transaction_is_said_once_and_its_end_too(
         insert_outbox("waiting", created_at=BASE_TIME)
         with as_relay(), caplog.at_level(logging.INFO, logger="outbox.relay"):
             relay = Relay(relay_settings(kafka.bootstrap_servers))
-            looks = [relay.publish_available().claimed for _ in range(3)]
+            looks = [relay.publish_available().read for _ in range(3)]
             holder.rollback()
-            looks.append(relay.publish_available().claimed)
+            looks.append(relay.publish_available().read)
             relay.close()
     finally:
         holder.close()
@@ -226,7 +227,7 @@ def test_a_pass_while_another_relay_leads_stands_by_and_sends_nothing(
     finally:
         leader.close()
 
-    assert (stats.stood_by, stats.claimed, stats.published, unpublished_count()) == (True, 0, 0, 2)
+    assert (stats.stood_by, stats.read, stats.published, unpublished_count()) == (True, 0, 0, 2)
     assert read_topic(kafka.bootstrap_servers) == []
 
 

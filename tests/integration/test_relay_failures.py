@@ -21,7 +21,7 @@ from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from outbox import store
 from outbox.config import RelaySettings, load_relay_settings
-from outbox.kafka import broker_unavailable
+from outbox.kafka_errors import broker_unavailable
 from outbox.relay import Relay
 from tests.support.relay_support import (
     BASE_TIME,
@@ -43,17 +43,15 @@ def test_broker_down_pauses_with_backoff_and_everything_goes_out_when_it_is_back
 ) -> None:
     written = interleaved_rows(keys=5, per_key=3)
     kafka.set_down()
-    settings = relay_settings(kafka.bootstrap_servers, delivery_timeout=timedelta(milliseconds=300),
-                              claim_ttl=timedelta(seconds=5))
-    thread = RelayThread(settings)
+    settings = relay_settings(kafka.bootstrap_servers, delivery_timeout=timedelta(milliseconds=300))
     waits: list[float] = []
-    stop = thread.relay.stop
+    stop = threading.Event()
 
     def recorded_wait(seconds: float) -> None:
         waits.append(seconds)
         stop.wait(seconds)
 
-    thread.relay._wait = recorded_wait
+    thread = RelayThread(settings, stop=stop, wait=recorded_wait)
     thread.start()
     try:
         wait_for(lambda: len(waits) >= 5, timeout=30, what="five backoffs while the broker is down")
@@ -168,8 +166,6 @@ def test_requeue_of_a_message_that_is_not_parked_fails_with_exit_1(transactional
         ({"OUTBOX_POLL_INTERVAL": "0s"}, "OUTBOX_POLL_INTERVAL"),
         ({"OUTBOX_RETENTION": "a week"}, "OUTBOX_RETENTION"),
         ({"OUTBOX_MAX_ATTEMPTS": "-1"}, "OUTBOX_MAX_ATTEMPTS"),
-        ({"OUTBOX_DELIVERY_TIMEOUT": "5m"}, "OUTBOX_CLAIM_TTL"),
-        ({"OUTBOX_CLAIM_TTL": "1s"}, "OUTBOX_CLAIM_TTL"),
         ({"OUTBOX_SHUTDOWN_GRACE": "-3s"}, "OUTBOX_SHUTDOWN_GRACE"),
         ({"OUTBOX_BACKOFF_INITIAL": "2m"}, "OUTBOX_BACKOFF_MAX"),
         ({"OUTBOX_LINGER": "soon"}, "OUTBOX_LINGER"),
@@ -197,6 +193,18 @@ def test_configuration_defaults() -> None:
     assert settings.statistics_interval == timedelta(seconds=15)
 
 
+@pytest.mark.parametrize("claim_ttl", ["1s", "2m", "not a duration"])
+def test_the_claim_ttl_is_accepted_with_a_deprecation_warning_and_nothing_else(
+    claim_ttl: str,
+) -> None:
+    """No row is leased any more: OUTBOX_CLAIM_TTL, whatever its value or the delivery timeout,
+    changes nothing but a DeprecationWarning."""
+    base = {"KAFKA_BOOTSTRAP_SERVERS": "k1:9092", "OUTBOX_DELIVERY_TIMEOUT": "5m"}
+    with pytest.deprecated_call(match="OUTBOX_CLAIM_TTL is deprecated and ignored"):
+        settings = load_relay_settings({**base, "OUTBOX_CLAIM_TTL": claim_ttl})
+    assert settings == load_relay_settings(base)
+
+
 def test_the_outage_and_statistics_intervals_are_read() -> None:
     settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": "k1:9092",
                                     "OUTBOX_OUTAGE_LOG_INTERVAL": "5m",
@@ -205,13 +213,13 @@ def test_the_outage_and_statistics_intervals_are_read() -> None:
     assert settings.statistics_interval == timedelta(milliseconds=500)
 
 
-def test_stop_before_a_batch_claims_nothing(transactional_db: None) -> None:
+def test_stop_before_a_batch_reads_nothing(transactional_db: None) -> None:
     insert_outbox(str(uuid.uuid4()), created_at=BASE_TIME)
     stop = threading.Event()
     stop.set()
     with as_relay():
         start = store.read_position("default")
-        assert Relay(relay_settings("127.0.0.1:9"), stop=stop).publish_batch().claimed == 0
+        assert Relay(relay_settings("127.0.0.1:9"), stop=stop).publish_available().read == 0
         assert relay_lock_holders() == []  # it did not even take the lead
         assert store.read_position("default") == start
     [row] = outbox_state()

@@ -71,7 +71,6 @@ def test_an_outage_is_one_line_then_a_summary_per_interval_then_one_line_when_ba
         insert_outbox(f"owner-{n}", created_at=datetime.now(UTC))
     kafka.set_down()
     settings = relay_settings(kafka.bootstrap_servers, delivery_timeout=timedelta(seconds=1),
-                              claim_ttl=timedelta(seconds=3),
                               outage_log_interval=timedelta(seconds=2))
     relay = RelayThread(settings)
     relay.start()

@@ -39,6 +39,7 @@ from tests.support.relay_support import (
     first_seen_order,
     insert_outbox,
     outbox_state,
+    read_stream,
     relay_lock_holders,
     relay_settings,
     unpublished_count,
@@ -215,7 +216,7 @@ class ObservedReader(StreamReader):
     finished: ClassVar[list[store.Position]] = []
 
     def _read(self, after: store.Position,
-              session: psycopg.Connection[Any] | None = None) -> list[store.ClaimedMessage]:
+              session: psycopg.Connection[Any] | None = None) -> list[store.ReadMessage]:
         read = super()._read(after, session)
         self.finished.append(after)
         return read
@@ -289,7 +290,7 @@ def test_the_row_with_the_lower_txid_and_the_higher_seq_comes_first_and_none_is_
         first.execute("select pg_current_xact_id()")
         second = insert_outbox("second", created_at=BASE_TIME)  # its own transaction, committed
         with as_relay():
-            held_back = store.read_stream("default", batch_size=10,
+            held_back = read_stream(batch_size=10,
                                           after=store.read_position("default"))
         first_id = insert_in(first, "first")
         first.commit()
@@ -301,7 +302,7 @@ def test_the_row_with_the_lower_txid_and_the_higher_seq_comes_first_and_none_is_
     assert place[first_id][0] < place[second.id][0] and place[first_id][1] > place[second.id][1]
 
     with as_relay():
-        read = store.read_stream("default", batch_size=10, after=store.read_position("default"))
+        read = read_stream(batch_size=10, after=store.read_position("default"))
         stats = Relay(relay_settings(kafka.bootstrap_servers, batch_size=1)).run_pass()
 
     assert held_back == []  # B's row waits while A, older, is open
@@ -507,7 +508,7 @@ def test_a_due_slow_lane_row_goes_out_before_a_long_stream_backlog_is_done(
     transactional_db: None, kafka: MockKafkaCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     per_call = 3
-    monkeypatch.setattr("outbox.relay.STREAM_BATCHES_PER_CALL", per_call)
+    monkeypatch.setattr("outbox.stream.STREAM_BATCHES_PER_CALL", per_call)
     slow = insert_outbox("slow", created_at=BASE_TIME, parked_at=BASE_TIME)
     backlog = [insert_outbox(f"stream-{n}", created_at=BASE_TIME) for n in range(12)]
     seen: list[tuple[bool, int]] = []  # after each batch: slow row published, stream rows left

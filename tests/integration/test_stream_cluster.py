@@ -24,6 +24,7 @@ from tests.support.relay_support import (
     first_seen_order,
     insert_outbox,
     outbox_state,
+    read_stream,
     relay_settings,
     unpublished_count,
 )
@@ -189,7 +190,7 @@ def test_a_relay_whose_statements_reach_another_server_process_refuses_to_move_t
         start = store.read_position("default")
         pid = store.try_to_lead("default")
         assert pid is not None
-        [row] = store.read_stream("default", batch_size=10, after=start)
+        [row] = read_stream(batch_size=10, after=start)
         assert row.position is not None
         with pytest.raises(store.SessionChangedError, match="pool_mode=transaction"):
             store.advance("default", start=start, end=row.position, published=1, detours=[],

@@ -20,6 +20,7 @@ from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import Record
 from outbox import store
 from outbox.config import RelaySettings
+from outbox.reader import StreamReader
 from outbox.relay import Relay
 from outbox.wakeup import Wakeup
 from reminders import events
@@ -45,13 +46,22 @@ def relay_settings(bootstrap: str, **overrides: Any) -> RelaySettings:
         batch_size=100,
         poll_interval=timedelta(milliseconds=200),
         delivery_timeout=timedelta(seconds=5),
-        claim_ttl=timedelta(seconds=10),
         shutdown_grace=timedelta(seconds=2),
         backoff_initial=timedelta(milliseconds=50),
         backoff_max=timedelta(milliseconds=400),
         linger=timedelta(milliseconds=2),
     )
     return base.with_overrides(**overrides)
+
+
+def read_stream(*, batch_size: int, after: store.Position) -> list[store.ReadMessage]:
+    """The stream's rows after `after` as the relay's reader reads them (on its own session,
+    in the role of this thread's connection); nothing is written."""
+    reader = StreamReader("default", batch_size)
+    try:
+        return reader.read(after)
+    finally:
+        reader.close()
 
 
 def as_relay() -> AbstractContextManager[None]:
@@ -173,7 +183,7 @@ def outbox_state() -> list[dict[str, Any]]:
     with connection.cursor() as cursor:
         cursor.execute(
             "select id, message_key, outbox_published_at(m) as published_at, parked_at, attempts,"
-            " last_error, available_at, claimed_by, detoured_at"
+            " last_error, available_at, detoured_at"
             " from outbox_messages m order by created_at, id")
         names = [c.name for c in cursor.description]
         return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from outbox.kafka import LibrdkafkaLog
+from outbox.kafka_log import LibrdkafkaLog
 from outbox.outage import FAILING, RESTORED, STILL_FAILING, OutageLog
 
 Line = tuple[int, str, dict[str, Any]]

@@ -17,7 +17,7 @@ from core.failures import classify_on
 from core.health import Heartbeat, database_ready
 from core.ops_server import Probes, operations_server
 from core.progress import ProgressBar
-from outbox import kafka, metrics, store
+from outbox import kafka, kafka_errors, metrics, store
 from outbox.config import RelaySettings, load_relay_settings, validate
 from outbox.relay import Relay, RelayStats
 
@@ -134,7 +134,7 @@ def refusals_as_exit_codes() -> Iterator[None]:
     """What makes the relay refuse to go on, as one line and an exit code (a pass and --loop)."""
     try:
         yield
-    except (kafka.KafkaRefusedError, store.StreamAheadError) as exc:
+    except (kafka_errors.KafkaRefusedError, store.StreamAheadError) as exc:
         raise CommandError(str(exc), returncode=EXIT_FAILED) from None
     except store.SessionChangedError as exc:
         raise ConfigError("DATABASE_URL", str(exc)) from None

@@ -1,0 +1,238 @@
+"""The relay's Kafka producer, from start to close (docs/outbox-relay.md, "Kafka"): started on
+first use and replaced after a fatal error; its callbacks (a refusal stops the relay, anything
+else is a failing connection for the outage log); a batch handed to it and its delivery
+reports awaited, up to the delivery timeout or the shutdown grace."""
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from outbox import kafka, metrics
+from outbox.config import RelaySettings
+from outbox.kafka_errors import describe, refusal, refused
+from outbox.outage import Emit, OutageLog
+from outbox.redaction import redact
+from outbox.reports import Delivery
+from outbox.statistics import parse_statistics
+from outbox.store import Position, ReadMessage
+
+# Extra time past the producer's own delivery timeout before the relay stops waiting.
+FLUSH_MARGIN_S = 5.0
+FLUSH_SLICE_S = 0.2
+
+
+@dataclass(slots=True)
+class Batch:
+    """Rows read, those handed to the producer (`sent`: a held stream row is not), their
+    delivery reports as they come, and when to stop waiting for them. A stream batch also has
+    the position it was read after."""
+
+    read: list[ReadMessage]
+    sent: int
+    deliveries: dict[bytes, Delivery]  # by message key: a batch has one row per key
+    deadline: float
+    producer: Producer  # the one that has it, even if a fatal error replaced it since
+    start: Position | None = None
+
+    @property
+    def keys(self) -> set[str]:
+        return {m.key for m in self.read}
+
+
+class RelayProducer:
+    """The producer of one relay, and what its callbacks said."""
+
+    def __init__(self, settings: RelaySettings, client_id: str, *, emit: Emit,
+                 stop: threading.Event) -> None:
+        self.settings = settings
+        self.client_id = client_id
+        self._emit = emit
+        self._stop = stop
+        self._producer: Producer | None = None
+        self._fatal: KafkaError | None = None
+        self._refused: KafkaError | None = None  # the first refusal: the relay stops on it
+        self._stop_seen_at: float | None = None
+        self.outage = OutageLog(self._log_outage,
+                                interval_s=settings.outage_log_interval.total_seconds())
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None or self._fatal is not None:
+            if self._fatal is not None:
+                self._emit(logging.ERROR, "producer failed fatally, starting a new one",
+                           {"error": describe(self._fatal)})
+                if self._producer is not None:
+                    self._drop(self._producer)
+            self._fatal = None
+            self._producer = kafka.new_producer(self.settings, self.client_id, self._on_error,
+                                                self._on_statistics)
+        return self._producer
+
+    @property
+    def refused(self) -> bool:
+        return self._refused is not None
+
+    def _log_outage(self, level: int, event: str, fields: dict[str, Any]) -> None:
+        if "error" in fields:  # librdkafka's text: scrubbed, as every line that shows it
+            fields = {**fields, "error": redact(fields["error"], self.settings)}
+        self._emit(level, event, fields)
+
+    def _on_error(self, error: KafkaError) -> None:
+        """librdkafka's error callback: a refusal stops the relay, a fatal error replaces the
+        producer (its line is the replacement's), anything else is a failing connection."""
+        if error.code() == KafkaError._ALL_BROKERS_DOWN:
+            metrics.set_connected(False)
+        if error.fatal():
+            self._fatal = error
+        if refused(error):
+            if self._refused is None:
+                self._refused = error
+                self._emit(logging.ERROR, "kafka refused the relay", {"error": describe(error)})
+            return
+        if error.fatal():
+            return  # said by the replacement's line ("producer failed fatally")
+        if self._refused is not None and error.code() == KafkaError._ALL_BROKERS_DOWN:
+            return  # the refusal's consequence, already said
+        self.outage.failed(describe(error))
+
+    def _on_statistics(self, text: str) -> None:
+        """librdkafka's statistics: the metrics, and a broker up means Kafka answers again."""
+        stats = parse_statistics(text)
+        metrics.observe_statistics(stats)
+        if stats.any_broker_up:
+            self.reached_kafka()
+
+    def reached_kafka(self) -> None:
+        metrics.set_connected(True)
+        self.outage.restored()
+
+    def _poll(self, producer: Producer, timeout: float) -> bool:
+        """Serve callbacks; False if the producer failed fatally (poll raises that, for instance
+        an idempotent producer whose broker forgot it: UNKNOWN_PRODUCER_ID after a restart)."""
+        try:
+            producer.poll(timeout)
+        except KafkaException as exc:
+            error = exc.args[0]
+            if not (isinstance(error, KafkaError) and error.fatal()):
+                raise
+            self._fatal = self._fatal or error
+            return False
+        return True
+
+    def _drop(self, producer: Producer) -> None:
+        """Purge a failed producer: its messages get their (failed) reports, nothing lingers."""
+        with contextlib.suppress(KafkaException):  # a failed producer may refuse; reports come
+            producer.purge(in_queue=True, in_flight=True, blocking=False)
+        self._poll(producer, 0)
+
+    def check_refused(self) -> None:
+        """Raise KafkaRefusedError once the broker refused the credentials or the handshake."""
+        if self._refused is not None:
+            raise refusal(self._refused, self.settings)
+
+    def connect(self) -> None:
+        """Start the producer now (it connects at once), so a refusal shows before any event."""
+        self._poll(self.producer, 0)
+        self.check_refused()
+
+    def check_broker(self) -> bool:
+        """Ask the broker for its metadata, up to the delivery timeout: True if it answered;
+        a refusal (credentials, TLS handshake) raises KafkaRefusedError."""
+        producer = self.producer
+        try:
+            producer.list_topics(timeout=self.settings.delivery_timeout.total_seconds())
+        except KafkaException as exc:
+            self._poll(producer, 0)  # the error callback classifies what happened
+            self.check_refused()
+            self.outage.failed(describe(exc.args[0]) if exc.args else str(exc))
+            return False
+        self._poll(producer, 0)
+        self.check_refused()
+        self.reached_kafka()
+        return True
+
+    def _produce(self, producer: Producer, message: ReadMessage,
+                 deliveries: dict[bytes, Delivery], delivered: Callable[..., None]) -> None:
+        """Hand one row to the producer; its report lands in `deliveries` under its key (a
+        batch has one row per key), through the batch's one `delivered` callback."""
+        key = message.key.encode()
+        headers: dict[str, Any] = message.headers
+        while True:
+            try:
+                producer.produce(message.topic, value=message.payload.encode(), key=key,
+                                 headers=headers, timestamp=message.timestamp_ms,
+                                 on_delivery=delivered)
+                return
+            except BufferError:
+                if not self._poll(producer, 0.05):  # the local queue is full: let it drain
+                    deliveries[key] = Delivery(self._fatal)
+                    return
+            except TypeError:
+                if headers is not message.headers:
+                    raise
+                headers = kafka.record_headers(message)  # a header stored as another JSON type
+            except KafkaException as exc:
+                error = exc.args[0]
+                if isinstance(error, KafkaError) and error.fatal():
+                    self._fatal = self._fatal or error
+                deliveries[key] = Delivery(error)
+                return
+
+    def produce_batch(self, read: list[ReadMessage], start: Position | None = None) -> Batch:
+        """Hand a batch's rows to the producer (a held stream row is not sent)."""
+        producer = self.producer
+        deadline = (time.monotonic() + self.settings.delivery_timeout.total_seconds()
+                    + FLUSH_MARGIN_S)
+        batch = Batch(read, 0, {}, deadline, producer, start)
+        deliveries = batch.deliveries
+        monotonic = time.monotonic
+
+        def delivered(error: KafkaError | None, record: Any) -> None:
+            deliveries[record.key()] = Delivery(error, None if error else monotonic())
+
+        for message in read:
+            if not message.held:
+                self._produce(producer, message, deliveries, delivered)
+                batch.sent += 1
+        self._poll(producer, 0)
+        self._emit(logging.DEBUG, "batch produced",
+                   {"produced": batch.sent, "lane": "slow" if start is None else "stream"})
+        return batch
+
+    def await_batch(self, batch: Batch) -> None:
+        """Serve delivery reports until the batch has all of its own, up to the delivery timeout
+        (or the shutdown grace once stop is set); later batches' reports are served too."""
+        producer, deadline = batch.producer, batch.deadline
+        while len(batch.deliveries) < batch.sent:
+            now = time.monotonic()
+            if self._stop.is_set():
+                if self._stop_seen_at is None:
+                    self._stop_seen_at = now
+                deadline = min(deadline,
+                               self._stop_seen_at + self.settings.shutdown_grace.total_seconds())
+            # Refused, failed fatally, or already replaced: no report will come from it.
+            failed = (self._refused is not None or self._fatal is not None
+                      or producer is not self._producer)
+            if now >= deadline or failed:
+                # Whatever is still in flight is released, and delivered again later if need be.
+                self._drop(producer)
+                break
+            self._poll(producer, min(FLUSH_SLICE_S, deadline - now))
+
+    def close(self) -> None:
+        """Let the producer finish (nothing is in flight between batches) and drop it."""
+        if self._fatal is not None:  # failed at the end of a pass: no replacement said it
+            self._emit(logging.ERROR, "producer failed fatally", {"error": describe(self._fatal)})
+            self._fatal = None
+        if self._producer is not None:
+            try:
+                self._producer.flush(self.settings.shutdown_grace.total_seconds())
+            except KafkaException:
+                self._drop(self._producer)  # failed fatally: nothing left to wait for
+            self._producer = None

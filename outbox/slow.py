@@ -1,0 +1,37 @@
+"""The slow lane (docs/outbox-relay.md, "The slow lane"): detoured rows delivered one per key at
+a time, each the oldest waiting row of its key, and marked published; an undeliverable row gets
+an attempt counted and a retry delay, and is parked after `max_attempts`."""
+
+from outbox import metrics, store
+from outbox.producer import RelayProducer
+from outbox.reports import sort_reports
+from outbox.tally import BatchOutcome, Tally
+
+
+class SlowLane:
+    """The slow lane of one relay, run by its leader."""
+
+    def __init__(self, using: str, *, producer: RelayProducer, tally: Tally) -> None:
+        self.using = using
+        self.batch_size = tally.settings.batch_size
+        self.max_attempts = tally.settings.max_attempts
+        self._producer = producer
+        self._tally = tally
+
+    def publish(self) -> BatchOutcome:
+        """One batch of the slow lane: its due rows, each the oldest waiting row of its key."""
+        read = store.read_slow(self.using, batch_size=self.batch_size)
+        if not read:
+            return BatchOutcome()
+        batch = self._producer.produce_batch(read)
+        self._producer.await_batch(batch)
+        reports = sort_reports(batch.read, batch.deliveries, stop_at_unavailable=False)
+        failures = [store.Failure(m.id, *self._tally.describe_refusal(m, error))
+                    for m, error in reports.refused]
+        metrics.observe_delivery_latencies(reports.latencies)
+        outcome = BatchOutcome(read=len(read))
+        outcome.published = store.mark_published(self.using, [m.id for m in reports.delivered])
+        outcome.released = len(reports.unavailable)  # left unpublished: read again next time
+        outcome.failed = len(failures)
+        outcome.parked = store.record_failures(self.using, failures, self.max_attempts)
+        return self._tally.account(outcome, reports.first_unavailable, lane="slow")
