@@ -17,7 +17,10 @@ from typing import NamedTuple
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from outbox.config import RelaySettings
-from outbox.kafka import LibrdkafkaLog, client_config, redact, refused, secrets
+from outbox.kafka import client_config
+from outbox.kafka_errors import refused
+from outbox.kafka_log import LibrdkafkaLog
+from outbox.redaction import redact, secrets
 
 
 class TopicEvent(NamedTuple):

@@ -38,7 +38,7 @@ def start_relay(bootstrap: str, log: Path) -> subprocess.Popen[str]:
     """A relay (`publish_outbox --loop`) whose JSON log lines go to `log`."""
     env = {k: v for k, v in command_env(RELAY_ROLE).items() if not k.startswith("OUTBOX_")}
     env.update(KAFKA_BOOTSTRAP_SERVERS=bootstrap, OUTBOX_DELIVERY_TIMEOUT="2s",
-               OUTBOX_CLAIM_TTL="3s", OUTBOX_POLL_INTERVAL="200ms",
+               OUTBOX_POLL_INTERVAL="200ms",
                OUTBOX_BACKOFF_INITIAL="100ms", OUTBOX_BACKOFF_MAX="500ms",
                OUTBOX_SHUTDOWN_GRACE="2s", OUTBOX_BATCH_SIZE="50")
     with log.open("w") as stderr:

@@ -292,7 +292,7 @@ def test_a_broker_demanding_a_client_certificate_takes_the_relay_s_encrypted_key
             without = run_relay(env)
             state_without = outbox_state()
             with_cert = run_relay({
-                **env, "OUTBOX_DELIVERY_TIMEOUT": "20s", "OUTBOX_CLAIM_TTL": "30s",
+                **env, "OUTBOX_DELIVERY_TIMEOUT": "20s",
                 "KAFKA_SSL_CERTIFICATE_LOCATION": str(certificates.client),
                 "KAFKA_SSL_KEY_LOCATION": str(certificates.client_key),
                 "KAFKA_SSL_KEY_PASSWORD": certificates.key_password})

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.slow
 def relay_env(bootstrap: str, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in command_env(RELAY_ROLE).items() if not k.startswith("OUTBOX_")}
     env.update({"KAFKA_BOOTSTRAP_SERVERS": bootstrap, "OUTBOX_DELIVERY_TIMEOUT": "2s",
-                "OUTBOX_CLAIM_TTL": "3s", "OUTBOX_POLL_INTERVAL": "200ms",
+                "OUTBOX_POLL_INTERVAL": "200ms",
                 "OUTBOX_BACKOFF_INITIAL": "100ms", "OUTBOX_BACKOFF_MAX": "500ms",
                 "OUTBOX_SHUTDOWN_GRACE": "2s", **extra})
     return env
@@ -162,7 +162,7 @@ def test_sigterm_with_the_broker_down_releases_the_batch_within_the_grace_and_ex
     kafka.set_down()
     log = tmp_path / "relay.log"
     relay = start_relay(relay_env(kafka.bootstrap_servers, OUTBOX_DELIVERY_TIMEOUT="60s",
-                                  OUTBOX_CLAIM_TTL="2m", OUTBOX_SHUTDOWN_GRACE="500ms",
+                                  OUTBOX_SHUTDOWN_GRACE="500ms",
                                   LOG_LEVEL="DEBUG"), "--loop", log=log)
     try:
         wait_for(lambda: "batch produced" in logged_events(log), timeout=60,

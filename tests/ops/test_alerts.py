@@ -273,8 +273,7 @@ def _readable(output: str) -> str:
 
 
 def _env(role: str) -> dict[str, str]:
-    return command_env(role, KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:9", OUTBOX_DELIVERY_TIMEOUT="2s",
-                       OUTBOX_CLAIM_TTL="5s")
+    return command_env(role, KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:9", OUTBOX_DELIVERY_TIMEOUT="2s")
 
 
 def _run_loop_until_it_retries(tmp_path: Path) -> str:
