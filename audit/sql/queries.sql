@@ -7,13 +7,18 @@
 -- audit_snapshot: the audit's one transaction is one snapshot for every check, and writes nothing
 set transaction isolation level repeatable read, read only;
 
--- audit_session: memory enough for the audit's transaction to hash the window's markers and event items (a daily read of a few hundred thousand rows; a merge of them would sort each side)
+-- audit_session: memory enough for the audit's transaction to hash the window's markers and event
+-- items (a daily read of a few hundred thousand rows; a merge of them would sort each side)
 set local work_mem = '128MB';
 
--- snapshot_clock: the database's clock, once, in the audit's snapshot (the window's cutoffs and the waits are measured on it)
+-- snapshot_clock: the database's clock, once, in the audit's snapshot (the window's cutoffs and the
+-- waits are measured on it)
 select now();
 
--- ledger_outbox_findings: the runs of the window (notified markers reminded in it, or events written in it), and what disagrees between their markers and their events: a notified marker no event of its run lists (at its threshold and expiry), an event item with no marker of its run, and an item listed twice
+-- ledger_outbox_findings: the runs of the window (notified markers reminded in it, or events
+-- written in it), and what disagrees between their markers and their events: a notified marker no
+-- event of its run lists (at its threshold and expiry), an event item with no marker of its run,
+-- and an item listed twice
 with scope_runs as (
     select distinct run_id::text as run_id
     from document_expiry_reminders
@@ -83,7 +88,8 @@ union all
 select 'counted', (select count(*) from markers)::text, (select count(*) from items)::text,
        (select count(*) from events)::text, (select count(*) from scope_runs)::text, null;
 
--- last_loop_cycle: the last loop cycle that finished with nothing left (succeeded), and the as-of of the newest cycle that pruned (markers before its cutoff may be gone)
+-- last_loop_cycle: the last loop cycle that finished with nothing left (succeeded), and the as-of
+-- of the newest cycle that pruned (markers before its cutoff may be gone)
 select r.run_id, r.as_of, r.started_at, r.thresholds,
        (select max(p.as_of) from document_expiry_reminder_runs p
         where p.status = any(%(pruning_statuses)s::text[])) as pruned_as_of
@@ -93,10 +99,14 @@ where r.status = 'succeeded'
 order by r.started_at desc
 limit 1;
 
--- latest_pruning_run: the as-of of the newest cycle that pruned (markers before its cutoff may be gone)
+-- latest_pruning_run: the as-of of the newest cycle that pruned (markers before its cutoff may be
+-- gone)
 select max(as_of) from document_expiry_reminder_runs where status = any(%(pruning_statuses)s::text[]);
 
--- left_behind: documents that were due at a cycle's as-of (a crossed threshold without a marker for the document's current expiry date) and are still: the ones unchanged since the cycle started, and a count of those changed since (excepted); an owner whose event of the run is full (max_documents) legitimately has the rest left for the next cycle
+-- left_behind: documents that were due at a cycle's as-of (a crossed threshold without a marker for
+-- the document's current expiry date) and are still: the ones unchanged since the cycle started,
+-- and a count of those changed since (excepted); an owner whose event of the run is full
+-- (max_documents) legitimately has the rest left for the next cycle
 with due as (
     select d.id, d.owner_user_id, d.expires_at, d.updated_at >= %(started_at)s as changed
     from person_documents d
@@ -127,7 +137,8 @@ where d.changed
    or d.owner_user_id::text not in (select aggregate_id from full_owners)
 order by d.changed, d.expires_at, d.id;
 
--- waited_too_long: events of the window, and every event still waiting wherever it was written, that waited (until published, or until now) longer than the bound; parked rows are listed apart
+-- waited_too_long: events of the window, and every event still waiting wherever it was written,
+-- that waited (until published, or until now) longer than the bound; parked rows are listed apart
 with candidates as (
     select m.id from outbox_messages m
     where m.created_at >= %(since)s and m.created_at <= %(until)s
@@ -153,11 +164,13 @@ from waits w
 where coalesce(w.published_at, %(now)s) - w.created_at > %(bound)s::interval
 order by w.created_at, w.id;
 
--- count_window_events: how many events the window holds (what the wait check examined when nothing waited too long)
+-- count_window_events: how many events the window holds (what the wait check examined when nothing
+-- waited too long)
 select count(*) from outbox_messages
 where created_at >= %(since)s and created_at <= %(until)s;
 
--- parked_events: every parked event (the relay gave up on it), oldest first, with its error and the rows of its key held behind it
+-- parked_events: every parked event (the relay gave up on it), oldest first, with its error and the
+-- rows of its key held behind it
 select p.id, p.message_key, p.attempts, p.parked_at, p.last_error,
        (select count(*) from outbox_messages b
         where b.message_key = p.message_key
@@ -171,11 +184,13 @@ where p.parked_at is not null
 order by p.parked_at, p.id
 limit %(limit)s;
 
--- window_events_for_topic: the events of the window as the topic should have them: id, key, topic, whether the table says published, in stream order (txid, seq) per key
+-- window_events_for_topic: the events of the window as the topic should have them: id, key, topic,
+-- whether the table says published, in stream order (txid, seq) per key
 select m.id::text, m.message_key, m.topic, outbox_published_at(m) is not null as published
 from outbox_messages m
 where m.created_at >= %(since)s and m.created_at <= %(until)s
 order by m.txid, m.seq;
 
--- events_by_id: which of these ids the outbox holds, wherever they were written (a record on the topic timestamped in the window may be a row just outside it)
+-- events_by_id: which of these ids the outbox holds, wherever they were written (a record on the
+-- topic timestamped in the window may be a row just outside it)
 select m.id::text from outbox_messages m where m.id = any(%(ids)s::uuid[]);

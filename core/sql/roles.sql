@@ -1,4 +1,5 @@
--- Least-privilege database roles (docs/design.md §6). Idempotent: safe to re-run after each migrate.
+-- Least-privilege database roles (docs/design.md §6). Idempotent: safe to re-run after each
+-- migrate.
 -- Passwords are not set here: production sets them out of band (ALTER ROLE ... PASSWORD).
 
 do $$

@@ -6,10 +6,14 @@
 -- when unpublished, not parked, and its available_at (a retry delay) is null or past; published
 -- when its published_at is set.
 
--- read_position: where the stream has been delivered up to (one row, migration 0005_stream_position)
+-- read_position: where the stream has been delivered up to (one row, migration
+-- 0005_stream_position)
 select txid::text, seq from outbox_relay_position;
 
--- read_stream: up to batch_size rows after a position, in stream order (txid, seq), only of transactions older than every one still running (so that no row can later commit behind the position); held = its key has a waiting or parked row in the slow lane, which it must not overtake
+-- read_stream: up to batch_size rows after a position, in stream order (txid, seq), only of
+-- transactions older than every one still running (so that no row can later commit behind the
+-- position); held = its key has a waiting or parked row in the slow lane, which it must not
+-- overtake
 select m.txid::text, m.seq, m.id, m.topic, m.message_key, m.payload::text,
        -- the Kafka headers: the row's own (outbox_headers built them), and its aggregate where
        -- it has none
@@ -32,10 +36,14 @@ where (m.txid, m.seq) > (%(after_txid)s::xid8, %(after_seq)s::bigint)
 order by m.txid, m.seq
 limit %(batch_size)s;
 
--- stream_reader_session: the reader's session (outbox/reader.py) reads the stream in index order, never by sorting every row ahead: the planner cannot know how many rows lie after the position (right after a bulk insert its estimate is a third of them), and would compute and sort them all for each batch
+-- stream_reader_session: the reader's session (outbox/reader.py) reads the stream in index order,
+-- never by sorting every row ahead: the planner cannot know how many rows lie after the position
+-- (right after a bulk insert its estimate is a third of them), and would compute and sort them all
+-- for each batch
 set enable_sort = off;
 
--- stream_waiting: are there stream rows after the position that a read could not take yet (their transactions are younger than one still running)?
+-- stream_waiting: are there stream rows after the position that a read could not take yet (their
+-- transactions are younger than one still running)?
 select exists (
     select 1 from outbox_messages m
     where (m.txid, m.seq) > (%(after_txid)s::xid8, %(after_seq)s::bigint)
@@ -76,11 +84,14 @@ select p.system_identifier,
        p.txid_offset, p.previous_system_identifier, p.cluster_changed_at
 from outbox_relay_position p;
 
--- record_batch: the batch's end and time, so that a stream row's publication time and retention are known
+-- record_batch: the batch's end and time, so that a stream row's publication time and retention are
+-- known
 insert into outbox_relay_batches (upto_txid, upto_seq, published_at, messages)
 values (%(upto_txid)s::xid8, %(upto_seq)s::bigint, %(published_at)s, %(messages)s);
 
--- detour: rows of a batch that leave the stream for the slow lane: a failed delivery counts an attempt and waits its retry delay (parked once it has used its attempts), a held row (attempted false) waits behind its key's head
+-- detour: rows of a batch that leave the stream for the slow lane: a failed delivery counts an
+-- attempt and waits its retry delay (parked once it has used its attempts), a held row (attempted
+-- false) waits behind its key's head
 update outbox_messages m
 set detoured_at = now(),
     attempts = m.attempts + d.attempted::int,
@@ -94,7 +105,8 @@ where m.id = d.id
   and m.detoured_at is null
 returning m.id, m.parked_at is not null as parked;
 
--- read_slow: up to batch_size due rows of the slow lane, each the oldest waiting row of its key (a delayed or parked head holds its key)
+-- read_slow: up to batch_size due rows of the slow lane, each the oldest waiting row of its key (a
+-- delayed or parked head holds its key)
 select o.id, o.topic, o.message_key, o.payload::text,
        jsonb_strip_nulls(jsonb_build_object('aggregate_type', o.aggregate_type,
                                             'aggregate_id', o.aggregate_id) || o.headers)::text,
@@ -130,7 +142,8 @@ set published_at = now(),
 where id = any(%(ids)s::uuid[])
   and published_at is null;
 
--- record_failures: count a failed delivery per row, delay its retry, and park it once it has used its attempts
+-- record_failures: count a failed delivery per row, delay its retry, and park it once it has used
+-- its attempts
 update outbox_messages m
 set attempts = m.attempts + 1,
     last_error = f.error,
@@ -142,7 +155,9 @@ where m.id = f.id
   and m.published_at is null
 returning m.id, m.parked_at is not null as parked;
 
--- prune_published: delete one bounded chunk of rows published before the retention cutoff: stream rows behind the newest batch older than it, and slow-lane rows by their published_at (unpublished rows never expire)
+-- prune_published: delete one bounded chunk of rows published before the retention cutoff: stream
+-- rows behind the newest batch older than it, and slow-lane rows by their published_at (unpublished
+-- rows never expire)
 with cutoff as (
     select b.upto_txid, b.upto_seq from outbox_relay_batches b
     where b.published_at < now() - %(retention)s::interval
@@ -170,7 +185,8 @@ slow as (
 )
 select (select count(*) from stream) + (select count(*) from slow);
 
--- prune_batches: forget the batches older than the retention that no stream row is behind any more (after prune_published's chunks)
+-- prune_batches: forget the batches older than the retention that no stream row is behind any more
+-- (after prune_published's chunks)
 delete from outbox_relay_batches b
 where b.published_at < now() - %(retention)s::interval
   and not exists (
@@ -178,7 +194,8 @@ where b.published_at < now() - %(retention)s::interval
       where (m.txid, m.seq) <= (b.upto_txid, b.upto_seq)
         and m.detoured_at is null);
 
--- list_parked: parked rows, oldest first, with the rows of their key held behind them in the slow lane (rows of the key the stream has not reached yet join them when it does)
+-- list_parked: parked rows, oldest first, with the rows of their key held behind them in the slow
+-- lane (rows of the key the stream has not reached yet join them when it does)
 select p.id, p.message_key, p.event_type, p.attempts, p.parked_at, p.last_error,
        (select count(*) from outbox_messages b
         where b.message_key = p.message_key
@@ -191,7 +208,8 @@ where p.parked_at is not null
 order by p.parked_at, p.id
 limit %(limit)s;
 
--- requeue_parked: make parked rows deliverable again with fresh attempts (all of them, or the given ids)
+-- requeue_parked: make parked rows deliverable again with fresh attempts (all of them, or the given
+-- ids)
 update outbox_messages
 set parked_at = null,
     attempts = 0,
@@ -226,8 +244,10 @@ from (select least(
           (select min(s.created_at) from outbox_message_states s
            where s.lane = 'slow' and s.state = 'waiting')) as created_at) o;
 
--- relax_commit_durability: this session's commits do not wait for the WAL flush (a crash may undo the last marks: those rows are sent again, which at-least-once allows)
+-- relax_commit_durability: this session's commits do not wait for the WAL flush (a crash may undo
+-- the last marks: those rows are sent again, which at-least-once allows)
 set synchronous_commit = off;
 
--- listen_for_new_rows: this session hears the insert trigger's notifications (channel `outbox_messages`, migration 0003_relay_claims)
+-- listen_for_new_rows: this session hears the insert trigger's notifications (channel
+-- `outbox_messages`, migration 0003_relay_claims)
 listen outbox_messages;

@@ -5,10 +5,12 @@
 -- A marker counts only when its expires_at is the document's current UTC expiry date (a
 -- renewed or corrected document is re-armed): every query that reads markers says so.
 
--- tune_session: JIT would compile the due-owners scan for about as long as it runs; nothing the worker runs gains from it
+-- tune_session: JIT would compile the due-owners scan for about as long as it runs; nothing the
+-- worker runs gains from it
 set jit = off;
 
--- window_census: how many documents are in the window, and how many of them are due (backlog gauge, admin overview)
+-- window_census: how many documents are in the window, and how many of them are due (backlog gauge,
+-- admin overview)
 select count(*) as window_documents,
        count(*) filter (where exists (
            select 1
@@ -30,10 +32,16 @@ where d.status = 'Active'
   and d.expires_at >= %(window_start)s
   and d.expires_at < %(window_end)s;
 
--- due_owners_plan: for the due-owners pass's transaction (the held cursor is planned when declared): the markers by a join, one pass over the window and one over the ledger, whatever the statistics say: with the window estimated at 1 row after a bulk load, the planner probed the ledger once a window document, each probe ANDing the expiry-date index (every marker of that date)
+-- due_owners_plan: for the due-owners pass's transaction (the held cursor is planned when
+-- declared): the markers by a join, one pass over the window and one over the ledger, whatever the
+-- statistics say: with the window estimated at 1 row after a bulk load, the planner probed the
+-- ledger once a window document, each probe ANDing the expiry-date index (every marker of that
+-- date)
 set local enable_nestloop = off;
 
--- due_owners: in one pass over the window, every owner with a window document, due owners first (most urgent first), each row carrying the window's census and the ids of the owner's due documents
+-- due_owners: in one pass over the window, every owner with a window document, due owners first
+-- (most urgent first), each row carrying the window's census and the ids of the owner's due
+-- documents
 with window_documents as materialized (
     -- due: more crossed thresholds (days_left <= t) than markers among them. The markers come
     -- by a join (parallel, one pass over the ledger), not a probe per document and threshold;
@@ -81,7 +89,8 @@ select owner_user_id, first_due_expiry, due_documents,
 from owners
 order by due_documents = 0, first_due_expiry, owner_user_id;
 
--- batch_documents: the window documents of a batch of owners, with their markers' thresholds and the expiry dates they were written for (for --dry-run)
+-- batch_documents: the window documents of a batch of owners, with their markers' thresholds and
+-- the expiry dates they were written for (for --dry-run)
 select d.id,
        d.owner_user_id,
        d.type,
@@ -112,7 +121,10 @@ left join lateral (
 ) m on true
 order by d.owner_user_id, d.id;
 
--- claim_batch: for a batch of owners, in one statement: their due documents (by id, from due_owners) and markers, the rules (as reminders.rules.decide), the markers (insert-wins, in document/threshold order), one outbox row per owner whose t* this statement won, and the notified items for the log
+-- claim_batch: for a batch of owners, in one statement: their due documents (by id, from
+-- due_owners) and markers, the rules (as reminders.rules.decide), the markers (insert-wins, in
+-- document/threshold order), one outbox row per owner whose t* this statement won, and the notified
+-- items for the log
 with docs as materialized (
     -- marked: the thresholds marked for the current expiry date; stale: those marked for
     -- another date (renewed or corrected), which count for nothing and are re-armed in place.
@@ -163,7 +175,8 @@ remaining as (
       and t.threshold_days <> all(docs.marked)
 ),
 planned as (
-    -- mark every remaining threshold; notify t* = min(remaining) unless a smaller one is marked (stale)
+    -- mark every remaining threshold; notify t* = min(remaining) unless a smaller one is marked
+    -- (stale)
     select r.id, r.owner_user_id, r.type, r.expires_on, r.threshold_days, r.rearm,
            r.threshold_days = min(r.threshold_days) over (partition by r.id)
            and not (r.threshold_days > any(r.marked)) as notified
@@ -196,7 +209,7 @@ claimed as (
 ),
 items as (
     -- the number mask goes into the event only, never back to the worker
-    -- a blank type goes out as 'Unknown' (events.event_type_of): the contract needs one
+    -- a blank type goes out as 'Unknown' (events.UNKNOWN_DOCUMENT_TYPE): the contract needs one
     select c.owner_user_id, c.document_id, c.threshold_days,
            case when c.type ~ '\S' then c.type else %(unknown_type)s::text end as type,
            d.number_mask,
@@ -253,10 +266,15 @@ from totals t
 left join items i on true
 order by i.owner_user_id, i.days_left, i.document_id;
 
--- prune_plan: for the rest of the prune chunk's transaction, whatever the statistics say: the chunk's markers through the ledger's expiry index, oldest first, stopping at the chunk (a sequential scan from the table's start reads again every marker earlier chunks deleted and vacuum has not removed yet; a bitmap scan reads every expired entry before the limit), then by primary key
+-- prune_plan: for the rest of the prune chunk's transaction, whatever the statistics say: the
+-- chunk's markers through the ledger's expiry index, oldest first, stopping at the chunk (a
+-- sequential scan from the table's start reads again every marker earlier chunks deleted and vacuum
+-- has not removed yet; a bitmap scan reads every expired entry before the limit), then by primary
+-- key
 select set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true);
 
--- prune_expired_markers: delete one bounded chunk of markers whose expiry date left the retention window
+-- prune_expired_markers: delete one bounded chunk of markers whose expiry date left the retention
+-- window
 -- The ids as an array (computed once): the rows by primary key, never `id in (...)` as a join,
 -- which stale statistics planned as a scan of every expired marker for each chunk.
 delete from document_expiry_reminders
@@ -271,14 +289,16 @@ where id = any(array(
 -- count_expired_markers: what prune_expired_markers would delete (for --dry-run)
 select count(*) from document_expiry_reminders where expires_at < %(cutoff)s::date;
 
--- close_abandoned_runs: runs left `running` long past any cycle's budget (their process was killed) are recorded as failed; aged on the database's clock, which stamped started_at
+-- close_abandoned_runs: runs left `running` long past any cycle's budget (their process was killed)
+-- are recorded as failed; aged on the database's clock, which stamped started_at
 update document_expiry_reminder_runs
 set status = 'failed',
     error = 'abandoned: the process ended without recording the end of its cycle'
 where status = 'running'
   and started_at < now() - %(older_than)s::interval;
 
--- start_run: record a cycle as running, with its trigger (loop or manual) and the loop's tick it runs for
+-- start_run: record a cycle as running, with its trigger (loop or manual) and the loop's tick it
+-- runs for
 insert into document_expiry_reminder_runs
     (run_id, as_of, started_at, status, thresholds, host, trigger, tick)
 values (%(run_id)s, %(as_of)s, now(), 'running', %(thresholds)s, %(host)s, %(trigger)s, %(tick)s);
@@ -298,12 +318,15 @@ set finished_at = now(),
     error = %(error)s
 where run_id = %(run_id)s;
 
--- last_loop_tick: the latest tick a loop run completed its work for (the tick is on the worker's clock; manual runs and backfills do not count)
+-- last_loop_tick: the latest tick a loop run completed its work for (the tick is on the worker's
+-- clock; manual runs and backfills do not count)
 select max(tick) from document_expiry_reminder_runs
 where trigger = 'loop'
   and status = any(%(successful)s::text[]);
 
--- prune_run_history: delete one bounded chunk of runs that started longer ago than older_than on the database's clock, which stamped started_at (a run that old is over, even if a crash left it `running`)
+-- prune_run_history: delete one bounded chunk of runs that started longer ago than older_than on
+-- the database's clock, which stamped started_at (a run that old is over, even if a crash left it
+-- `running`)
 delete from document_expiry_reminder_runs
 where run_id in (
     select run_id from document_expiry_reminder_runs
@@ -311,7 +334,8 @@ where run_id in (
     limit %(chunk)s
 );
 
--- run_history_ages: the latest successful end and the latest run, with their ages on the database's clock (now() stamped them), for the liveness checks and the last-success gauge
+-- run_history_ages: the latest successful end and the latest run, with their ages on the database's
+-- clock (now() stamped them), for the liveness checks and the last-success gauge
 select s.finished_at as last_success, now() - s.finished_at as since_success,
        l.status as latest_status, l.started_at as latest_started_at,
        now() - l.started_at as latest_age
@@ -323,6 +347,7 @@ left join lateral (
     limit 1
 ) l on true;
 
--- count_run_history: what prune_run_history would delete (for --dry-run), and the database's cutoff instant
+-- count_run_history: what prune_run_history would delete (for --dry-run), and the database's cutoff
+-- instant
 select count(*), now() - %(older_than)s::interval from document_expiry_reminder_runs
 where started_at < now() - %(older_than)s::interval;
