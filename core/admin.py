@@ -179,3 +179,19 @@ def offer_card(name: str, source: CardSource) -> None:
 def offered_cards() -> list[OverviewCard]:
     """The offered cards, built now, in the order they were offered."""
     return [source() for source in _card_sources.values()]
+
+
+# The URL of the events a run wrote, offered by the app that lists them (in its
+# AppConfig.ready): the run history links there without the reminders app knowing the outbox.
+RunEventsLink = Callable[[str, datetime, datetime | None], str]
+_run_events_link: list[RunEventsLink] = []
+
+
+def offer_run_events_link(link: RunEventsLink) -> None:
+    """Offer `link(run_id, started_at, finished_at)`, the URL of a run's events."""
+    _run_events_link[:] = [link]
+
+
+def run_events_link() -> RunEventsLink | None:
+    """The offered link to a run's events (None when no installed app lists them)."""
+    return _run_events_link[0] if _run_events_link else None

@@ -8,6 +8,7 @@ overwrites it.
 
 import json
 import uuid
+from datetime import datetime
 from typing import Any, cast
 
 from django.contrib import admin, messages
@@ -183,3 +184,13 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         if skipped:
             self.message_user(request, f"Left {skipped} selected message(s) alone: not parked.",
                               messages.WARNING)
+
+
+def run_events_url(run_id: str, started_at: datetime, finished_at: datetime | None) -> str:
+    """This list filtered to the events a run wrote (correlation id = run id), created while
+    it ran (the window lets the indexes find them); offered to the run history (apps.py)."""
+    params = {"correlation_id": run_id, "created_at__gte": started_at.isoformat()}
+    if finished_at is not None:
+        params["created_at__lte"] = finished_at.isoformat()
+    return reverse("admin:outbox_outboxmessage_changelist") + "?" + urlencode(params)
+

@@ -10,9 +10,10 @@ class OutboxConfig(AppConfig):
 
     def ready(self) -> None:
         from core import admin, gauges
-        from outbox.admin import backlog_card
+        from outbox.admin import backlog_card, run_events_url
         from outbox.metrics import outbox_gauges
 
         # Whoever serves metrics or the admin overview shows the outbox backlog, unaware of this app.
         gauges.offer("outbox", outbox_gauges)
         admin.offer_card("outbox", backlog_card)
+        admin.offer_run_events_link(run_events_url)
