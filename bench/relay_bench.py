@@ -130,8 +130,10 @@ def measure_raw(messages: list[BenchMessage], bootstrap: str, topic: str,
                          "acks": "all", "linger.ms": linger_ms,
                          "queue.buffering.max.messages": max(100_000, len(messages)),
                          "logger": _quiet_logger()})
+    # The headers the relay sends: the row's, and its aggregate's type and id (read_stream).
     records = [(m.key.encode(), m.payload.encode(),
-                [(k, v.encode()) for k, v in m.headers.items()],
+                [(k, v.encode()) for k, v in
+                 {"aggregate_type": "Profile", "aggregate_id": m.key, **m.headers}.items()],
                 int(m.created_at.timestamp() * 1000)) for m in messages]
     failed: list[object] = []
 
