@@ -23,6 +23,7 @@ from tests.support.ledger import (
     expiring_in,
     markers,
     notified_pairs,
+    outbox_refusing,
 )
 
 
@@ -390,23 +391,8 @@ def test_failing_owner_loses_nothing_for_the_others_and_is_retried_next_cycle(
 ) -> None:
     good = [documents(expires_at=expiring_in(d)) for d in (2, 3, 4)]
     bad = documents(expires_at=expiring_in(3))
-    with connection.cursor() as cursor:  # a real failure inside PostgreSQL, for one owner only
-        cursor.execute(f"""
-            create function fail_one_owner() returns trigger language plpgsql as $$
-            begin
-                if new.aggregate_id = '{bad.owner_user_id}' then
-                    raise exception 'outbox refused this owner';
-                end if;
-                return new;
-            end $$;
-            create trigger fail_one_owner before insert on outbox_messages
-                for each row execute function fail_one_owner();""")
-    try:
+    with outbox_refusing(bad.owner_user_id):  # a real failure, for one owner only
         first = run(AS_OF, batch_size=100)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("drop trigger fail_one_owner on outbox_messages;"
-                           " drop function fail_one_owner()")
 
     assert (first.status, first.failed_owners, first.owners_notified) == ("partial", 1, 3)
     assert markers(bad.id) == set()

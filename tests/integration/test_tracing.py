@@ -35,7 +35,7 @@ from reminders.cycle import Cycle
 from reminders.observe import BATCH_SPAN, CYCLE_SPAN, TracingObserver
 from tests.conftest import as_worker, command_env, manage_py
 from tests.support.factories import Documents
-from tests.support.ledger import AS_OF, expiring_in
+from tests.support.ledger import AS_OF, expiring_in, outbox_refusing
 
 
 @pytest.fixture
@@ -93,23 +93,8 @@ def test_a_batch_span_counts_the_owner_that_failed_in_it(
 ) -> None:
     good = [documents(expires_at=expiring_in(d)) for d in (2, 3)]
     bad = documents(expires_at=expiring_in(3))
-    with connection.cursor() as cursor:  # a real failure inside PostgreSQL, for one owner only
-        cursor.execute(f"""
-            create function fail_one_owner() returns trigger language plpgsql as $$
-            begin
-                if new.aggregate_id = '{bad.owner_user_id}' then
-                    raise exception 'outbox refused this owner';
-                end if;
-                return new;
-            end $$;
-            create trigger fail_one_owner before insert on outbox_messages
-                for each row execute function fail_one_owner();""")
-    try:
+    with outbox_refusing(bad.owner_user_id):  # a real failure, for one owner only
         result = _traced_cycle(exporter, batch_size=100)
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("drop trigger fail_one_owner on outbox_messages;"
-                           " drop function fail_one_owner()")
 
     [batch] = [s for s in exporter.get_finished_spans() if s.name == BATCH_SPAN]
     attributes = dict(batch.attributes or {})

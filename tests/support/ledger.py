@@ -2,6 +2,8 @@
 
 import json
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
@@ -86,3 +88,27 @@ def documents_checksum() -> str:
 def run_statuses() -> list[str]:
     return [r[0] for r in _rows("select status from document_expiry_reminder_runs "
                                 "order by started_at")]
+
+
+@contextmanager
+def outbox_refusing(owner: uuid.UUID) -> Iterator[None]:
+    """While inside, PostgreSQL itself refuses the outbox row of `owner` (a real failure inside
+    the claim's statement, for one owner only); the trigger is gone afterwards."""
+    with connection.cursor() as cursor:
+        cursor.execute(f"""
+            create function fail_one_owner() returns trigger language plpgsql as $$
+            begin
+                if new.aggregate_id = '{owner}' then
+                    raise exception 'outbox refused this owner';
+                end if;
+                return new;
+            end $$;
+            create trigger fail_one_owner before insert on outbox_messages
+                for each row execute function fail_one_owner();""")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("drop trigger fail_one_owner on outbox_messages;"
+                           " drop function fail_one_owner()")
+
