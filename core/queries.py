@@ -19,7 +19,11 @@ def parse_queries(text: str) -> dict[str, str]:
     queries: dict[str, str] = {}
     for index, header in enumerate(headers):
         end = headers[index + 1].start() if index + 1 < len(headers) else len(text)
-        sql = text[header.end() : end].strip().rstrip(";").strip()
+        # Comment lines right under the header continue its description, not the statement.
+        body = text[header.end() : end].strip().splitlines()
+        while body and body[0].lstrip().startswith("--"):
+            body.pop(0)
+        sql = "\n".join(body).strip().rstrip(";").strip()
         if header[1] in queries:
             raise ValueError(f"query {header[1]!r} is defined twice")
         queries[header[1]] = sql

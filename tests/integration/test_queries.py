@@ -51,6 +51,8 @@ def test_parse_queries_splits_named_blocks() -> None:
         "a": "select 1", "b": "select 2"}
     with pytest.raises(ValueError, match="twice"):
         parse_queries("-- a: x\nselect 1;\n-- a: y\nselect 2;")
+    # A header wrapped onto comment lines: they describe the block, the statement follows.
+    assert parse_queries("-- a: a description\n-- wrapped on\nset x = 1;\n") == {"a": "set x = 1"}
 
 
 def test_every_app_with_statements_is_covered() -> None:
