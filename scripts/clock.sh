@@ -8,18 +8,14 @@
 #   00:00:02    the latest UTC 00:00:02 (just after midnight)
 #   2028-02-29T23:59:58Z   a leap day, crossing into March
 # PostgreSQL's now() is not faked: the database keeps the real clock (see tests/conftest.py).
+source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+
 CLOCK_SCENARIOS=("23:59:58" "00:00:02" "2028-02-29T23:59:58Z")
 
 faketime_ensure() {
     if ! ls /usr/lib/*/faketime/libfaketimeMT.so.1 >/dev/null 2>&1; then
         echo "clock.sh: installing Debian's faketime (libfaketime)" >&2
-        export DEBIAN_FRONTEND=noninteractive
-        local sudo=()
-        if [ "$(id -u)" != 0 ]; then sudo=(sudo); fi
-        if ! "${sudo[@]}" apt-get install -y -qq --no-install-recommends faketime >/dev/null 2>&1; then
-            "${sudo[@]}" apt-get update -qq >/dev/null
-            "${sudo[@]}" apt-get install -y -qq --no-install-recommends faketime >/dev/null
-        fi
+        apt_install faketime
     fi
     FAKETIME_LIB=$(ls /usr/lib/*/faketime/libfaketimeMT.so.1 | head -n 1)
 }
