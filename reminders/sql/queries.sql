@@ -241,9 +241,11 @@ written as (
          payload, headers, created_at, attempts)
     select e.id, %(aggregate_type)s::text, e.owner_user_id::text, %(event_type)s::text,
            %(contract_version)s::int, %(topic)s::text, e.owner_user_id::text, e.payload,
-           -- the outbox's headers, built by the outbox (outbox migration 0009_outbox_headers)
+           -- the outbox's headers, built by the outbox (outbox migration
+           -- 0010_outbox_headers_aggregate)
            outbox_headers(e.id, %(run_id)s::text, %(event_type)s::text,
-                          %(contract_version)s::int, %(extra_headers)s::jsonb),
+                          %(contract_version)s::int, %(aggregate_type)s::text,
+                          e.owner_user_id::text, %(extra_headers)s::jsonb),
            now(), 0
     from events e
     order by e.most_urgent, e.owner_user_id
