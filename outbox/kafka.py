@@ -13,7 +13,6 @@ from core.config import ConfigError
 from outbox.config import PROPERTIES_VAR, KafkaSecurity, RelaySettings
 from outbox.kafka_log import LibrdkafkaLog
 from outbox.redaction import redact, secrets
-from outbox.store import ReadMessage
 
 # The librdkafka property each security variable sets.
 SECURITY_VARIABLES = {
@@ -37,6 +36,7 @@ GUARDED_PROPERTIES = {
     "message.timeout.ms": _DELIVERY_TIMEOUT,
     "delivery.timeout.ms": _DELIVERY_TIMEOUT,
     "transactional.id": "the relay does not use transactions",
+    "delivery.report.only.error": "the relay's delivery accounting rests on it (always true)",
     "bootstrap.servers": "set KAFKA_BOOTSTRAP_SERVERS instead",
     "metadata.broker.list": "set KAFKA_BOOTSTRAP_SERVERS instead",
     "linger.ms": "set OUTBOX_LINGER instead",
@@ -94,6 +94,8 @@ def producer_config(settings: RelaySettings, client_id: str) -> dict[str, Any]:
         "linger.ms": int(settings.linger.total_seconds() * 1000),
         "message.timeout.ms": int(settings.delivery_timeout.total_seconds() * 1000),
         "queue.buffering.max.messages": max(100_000, 2 * settings.batch_size),
+        # Reports for errors only: a batch is acknowledged as a whole (outbox.producer).
+        "delivery.report.only.error": True,
         # Notice a broker that is back within a couple of seconds (librdkafka's default is 10 s).
         "reconnect.backoff.max.ms": 2_000,
         "statistics.interval.ms": int(settings.statistics_interval.total_seconds() * 1000),
@@ -133,8 +135,10 @@ def new_producer(settings: RelaySettings, client_id: str, on_error: Any = None,
     return Producer(config)
 
 
-def record_headers(message: ReadMessage) -> dict[str, str]:
-    """The row's headers as the producer takes them: every value text (UTF-8 on the wire); a
-    value stored as another JSON type is sent as its JSON text."""
+def record_headers(headers: Any) -> dict[str, str]:
+    """A row's headers (its JSON object) as the producer takes them: every value text (UTF-8 on
+    the wire); a value stored as another JSON type is sent as its JSON text."""
+    if not isinstance(headers, dict):
+        raise TypeError(f"an outbox row's headers must be a JSON object, not {type(headers).__name__}")
     return {name: value if isinstance(value, str) else json.dumps(value)
-            for name, value in message.headers.items()}
+            for name, value in headers.items()}

@@ -1,8 +1,8 @@
 """Outbox metrics: the backlog read from the table at scrape time, and the relay's own.
 
-The relay calls `record_published(n)`, `record_failed(n)` and `record_parked(n)` as delivery
-reports come in, `observe_delivery_latency()` per delivered row, `set_connected()` on what
-librdkafka says, and `observe_statistics()` with its statistics. The outbox app offers its
+The relay calls `record_published(n)`, `record_failed(n)` and `record_parked(n)` per batch,
+`observe_delivery_latencies()` per batch (a latency for each delivered row), `set_connected()`
+on what librdkafka says, and `observe_statistics()` with its statistics. The outbox app offers its
 backlog gauges through core.gauges (apps.py), so any process that serves metrics shows them:
 the reminder worker does, so the backlog stays visible while the relay is down. The relay's own
 metrics are in no registry until the relay installs them (`install_relay_metrics`): a worker,
@@ -105,23 +105,24 @@ def observe_delivery_latency(seconds: float) -> None:
     DELIVERY_LATENCY.observe(max(0.0, seconds))
 
 
-def observe_delivery_latencies(seconds: Iterable[float]) -> None:
-    """A batch's delivered rows at once (as many observations as `observe_delivery_latency`
-    one by one): each bucket and the sum are added to once per batch, not once per row."""
-    observe_many(DELIVERY_LATENCY, (max(0.0, s) for s in seconds))
+def observe_delivery_latencies(latencies: Iterable[tuple[float, int]]) -> None:
+    """A batch's delivered rows at once, as (seconds, rows) pairs (as many observations as
+    `observe_delivery_latency` row by row): each bucket and the sum are added to once per
+    batch, not once per row."""
+    observe_many(DELIVERY_LATENCY, ((max(0.0, s), n) for s, n in latencies))
 
 
-def observe_many(histogram: Histogram, amounts: Iterable[float]) -> None:
-    """`histogram.observe(a)` for each amount, bucket by bucket. prometheus_client has no
-    bulk observe; this uses its Histogram's own bucket values (the version is pinned, and
-    tests/unit/test_outbox_metrics.py compares both ways)."""
+def observe_many(histogram: Histogram, amounts: Iterable[tuple[float, int]]) -> None:
+    """`histogram.observe(a)` `n` times for each (a, n), bucket by bucket. prometheus_client
+    has no bulk observe; this uses its Histogram's own bucket values (the version is pinned,
+    and tests/unit/test_outbox_metrics.py compares both ways)."""
     histogram._raise_if_not_observable()  # type: ignore[no-untyped-call]
     bounds = histogram._upper_bounds
     counts: Tally[int] = Tally()
     total = 0.0
-    for amount in amounts:
-        counts[bisect_left(bounds, amount)] += 1
-        total += amount
+    for amount, times in amounts:
+        counts[bisect_left(bounds, amount)] += times
+        total += amount * times
     if not counts:
         return
     histogram._sum.inc(total)

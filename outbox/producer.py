@@ -1,7 +1,13 @@
 """The relay's Kafka producer, from start to close (docs/outbox-relay.md, "Kafka"): started on
 first use and replaced after a fatal error; its callbacks (a refusal stops the relay, anything
-else is a failing connection for the outage log); a batch handed to it and its delivery
-reports awaited, up to the delivery timeout or the shutdown grace."""
+else is a failing connection for the outage log); a batch handed to it and awaited, up to the
+delivery timeout or the shutdown grace.
+
+Delivery reports come for errors only (`delivery.report.only.error`): a batch is acknowledged
+as a whole once the producer has nothing left in flight or unreported after it (`flush` comes
+back empty), and then each of its rows without an error report was acknowledged by the broker.
+A batch that never got there (the deadline, the stop, a refusal, a fatal error) counts each row
+without an error report as not delivered: it is sent again later (at least once)."""
 
 import contextlib
 import logging
@@ -11,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outbox import kafka, metrics
@@ -18,27 +25,31 @@ from outbox.config import RelaySettings
 from outbox.kafka_errors import describe, refusal, refused
 from outbox.outage import Emit, OutageLog
 from outbox.redaction import redact
-from outbox.reports import Delivery
 from outbox.statistics import parse_statistics
-from outbox.store import Position, ReadMessage
+from outbox.store import Position, Read, ReadMessage
 
 # Extra time past the producer's own delivery timeout before the relay stops waiting.
 FLUSH_MARGIN_S = 5.0
 FLUSH_SLICE_S = 0.2
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # a batch is itself: compared by identity
 class Batch:
-    """Rows read, those handed to the producer (`sent`: a held stream row is not), their
-    delivery reports as they come, and when to stop waiting for them. A stream batch also has
-    the position it was read after."""
+    """Rows read, those handed to the producer (`sent`: a held stream row is not), the errors
+    reported for them, and when to stop waiting. A stream batch also has the position it was
+    read after."""
 
     read: list[ReadMessage]
+    read_at: float  # when the read returned (monotonic)
     sent: int
-    deliveries: dict[bytes, Delivery]  # by message key: a batch has one row per key
+    errors: dict[str, KafkaError]  # by message key: a batch has one row per key
     deadline: float
     producer: Producer  # the one that has it, even if a fatal error replaced it since
     start: Position | None = None
+    # When the producer was found with nothing in flight or unreported after this batch (every
+    # row sent without an error report acknowledged then); None until then, and for good if the
+    # wait ended otherwise.
+    acked_at: float | None = None
 
     @property
     def keys(self) -> set[str]:
@@ -58,6 +69,8 @@ class RelayProducer:
         self._fatal: KafkaError | None = None
         self._refused: KafkaError | None = None  # the first refusal: the relay stops on it
         self._stop_seen_at: float | None = None
+        # Batches handed to the current producer and not acknowledged yet, oldest first.
+        self._unacked: list[Batch] = []
         self.outage = OutageLog(self._log_outage,
                                 interval_s=settings.outage_log_interval.total_seconds())
 
@@ -115,21 +128,30 @@ class RelayProducer:
     def _poll(self, producer: Producer, timeout: float) -> bool:
         """Serve callbacks; False if the producer failed fatally (poll raises that, for instance
         an idempotent producer whose broker forgot it: UNKNOWN_PRODUCER_ID after a restart)."""
+        return self._flush(producer, timeout, poll=True) is not None
+
+    def _flush(self, producer: Producer, timeout: float, *, poll: bool = False) -> int | None:
+        """Serve callbacks until nothing is in flight or unreported (`flush`; or one `poll`),
+        up to `timeout`: how many messages are left, None if the producer failed fatally."""
         try:
-            producer.poll(timeout)
+            if poll:
+                producer.poll(timeout)
+                return len(producer)
+            return int(producer.flush(timeout))
         except KafkaException as exc:
             error = exc.args[0]
             if not (isinstance(error, KafkaError) and error.fatal()):
                 raise
             self._fatal = self._fatal or error
-            return False
-        return True
+            return None
 
     def _drop(self, producer: Producer) -> None:
-        """Purge a failed producer: its messages get their (failed) reports, nothing lingers."""
+        """Purge a failed producer: its messages get their (failed) reports, nothing lingers;
+        none of its batches is acknowledged from then on."""
         with contextlib.suppress(KafkaException):  # a failed producer may refuse; reports come
             producer.purge(in_queue=True, in_flight=True, blocking=False)
         self._poll(producer, 0)
+        self._unacked = [b for b in self._unacked if b.producer is not producer]
 
     def check_refused(self) -> None:
         """Raise KafkaRefusedError once the broker refused the credentials or the handshake."""
@@ -158,72 +180,91 @@ class RelayProducer:
         return True
 
     def _produce(self, producer: Producer, message: ReadMessage,
-                 deliveries: dict[bytes, Delivery], delivered: Callable[..., None]) -> None:
-        """Hand one row to the producer; its report lands in `deliveries` under its key (a
-        batch has one row per key), through the batch's one `delivered` callback."""
-        key = message.key.encode()
-        headers: dict[str, Any] = message.headers
+                 errors: dict[str, KafkaError], failed: Callable[..., None]) -> None:
+        """Hand one row to the producer; an error reported for it lands in `errors` under its
+        key (a batch has one row per key), through the batch's one `failed` callback."""
+        headers: Any = orjson.loads(message.headers)
+        recorded = False
         while True:
             try:
-                producer.produce(message.topic, value=message.payload.encode(), key=key,
-                                 headers=headers, timestamp=message.timestamp_ms,
-                                 on_delivery=delivered)
+                producer.produce(message.topic, message.payload, message.key, headers=headers,
+                                 timestamp=message.timestamp_ms, on_delivery=failed)
                 return
             except BufferError:
                 if not self._poll(producer, 0.05):  # the local queue is full: let it drain
-                    deliveries[key] = Delivery(self._fatal)
+                    errors[message.key] = self._fatal or KafkaError(KafkaError._FATAL)
                     return
             except TypeError:
-                if headers is not message.headers:
+                if recorded:
                     raise
-                headers = kafka.record_headers(message)  # a header stored as another JSON type
+                headers, recorded = kafka.record_headers(headers), True  # another JSON type
             except KafkaException as exc:
                 error = exc.args[0]
                 if isinstance(error, KafkaError) and error.fatal():
                     self._fatal = self._fatal or error
-                deliveries[key] = Delivery(error)
+                errors[message.key] = error
                 return
 
-    def produce_batch(self, read: list[ReadMessage], start: Position | None = None) -> Batch:
+    def produce_batch(self, read: Read, start: Position | None = None) -> Batch:
         """Hand a batch's rows to the producer (a held stream row is not sent)."""
         producer = self.producer
         deadline = (time.monotonic() + self.settings.delivery_timeout.total_seconds()
                     + FLUSH_MARGIN_S)
-        batch = Batch(read, 0, {}, deadline, producer, start)
-        deliveries = batch.deliveries
-        monotonic = time.monotonic
+        batch = Batch(read.messages, read.read_at, 0, {}, deadline, producer, start)
+        errors = batch.errors
 
-        def delivered(error: KafkaError | None, record: Any) -> None:
-            deliveries[record.key()] = Delivery(error, None if error else monotonic())
+        def failed(error: KafkaError | None, record: Any) -> None:
+            if error is not None:  # only errors are reported (delivery.report.only.error)
+                errors[record.key().decode()] = error
 
-        for message in read:
-            if not message.held:
-                self._produce(producer, message, deliveries, delivered)
-                batch.sent += 1
+        produce, loads = producer.produce, orjson.loads
+        for message in batch.read:
+            if message.held:
+                continue
+            batch.sent += 1
+            try:
+                produce(message.topic, message.payload, message.key,
+                        headers=loads(message.headers), timestamp=message.timestamp_ms,
+                        on_delivery=failed)
+            except (BufferError, TypeError, KafkaException):  # not handed over: the careful way
+                self._produce(producer, message, errors, failed)
+        self._unacked.append(batch)
         self._poll(producer, 0)
         self._emit(logging.DEBUG, "batch produced",
                    {"produced": batch.sent, "lane": "slow" if start is None else "stream"})
         return batch
 
     def await_batch(self, batch: Batch) -> None:
-        """Serve delivery reports until the batch has all of its own, up to the delivery timeout
-        (or the shutdown grace once stop is set); later batches' reports are served too."""
+        """Wait until the producer has nothing in flight or unreported after the batch (later
+        batches' messages are waited for too): `batch.acked_at` is set then. Up to the delivery
+        timeout, or the shutdown grace once stop is set; a refused, fatally failed or replaced
+        producer is purged instead (no acknowledgement will come from it)."""
         producer, deadline = batch.producer, batch.deadline
-        while len(batch.deliveries) < batch.sent:
+        while batch.acked_at is None:
             now = time.monotonic()
             if self._stop.is_set():
                 if self._stop_seen_at is None:
                     self._stop_seen_at = now
                 deadline = min(deadline,
                                self._stop_seen_at + self.settings.shutdown_grace.total_seconds())
-            # Refused, failed fatally, or already replaced: no report will come from it.
             failed = (self._refused is not None or self._fatal is not None
-                      or producer is not self._producer)
+                      or producer is not self._producer
+                      or not any(b is batch for b in self._unacked))
             if now >= deadline or failed:
                 # Whatever is still in flight is released, and delivered again later if need be.
                 self._drop(producer)
-                break
-            self._poll(producer, min(FLUSH_SLICE_S, deadline - now))
+                return
+            left = self._flush(producer, min(FLUSH_SLICE_S, deadline - now))
+            if left == 0 and self._fatal is None and self._refused is None:
+                self._acknowledged(producer, time.monotonic())
+
+    def _acknowledged(self, producer: Producer, now: float) -> None:
+        """`producer` has nothing in flight or unreported: every batch handed to it so far is
+        acknowledged (each of its rows without an error report was delivered)."""
+        for batch in self._unacked:
+            if batch.producer is producer:
+                batch.acked_at = now
+        self._unacked = [b for b in self._unacked if b.producer is not producer]
 
     def close(self) -> None:
         """Let the producer finish (nothing is in flight between batches) and drop it."""

@@ -27,7 +27,7 @@ class StreamReader:
         self.batch_size = batch_size
         self._session: psycopg.Connection[Any] | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._ahead: tuple[store.Position, Future[list[store.ReadMessage]]] | None = None
+        self._ahead: tuple[store.Position, Future[store.Read]] | None = None
 
     def _connection(self) -> psycopg.Connection[Any]:
         """The reader's session: connected like the alias's, in the same role."""
@@ -36,7 +36,7 @@ class StreamReader:
         return self._session
 
     def _read(self, after: store.Position,
-              session: psycopg.Connection[Any] | None = None) -> list[store.ReadMessage]:
+              session: psycopg.Connection[Any] | None = None) -> store.Read:
         return store.read_stream(session or self._connection(), batch_size=self.batch_size,
                                     after=after)
 
@@ -49,7 +49,7 @@ class StreamReader:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-reader")
         self._ahead = (after, self._pool.submit(self._read, after, session))
 
-    def read(self, after: store.Position) -> list[store.ReadMessage]:
+    def read(self, after: store.Position) -> store.Read:
         """The batch after `after`: the read started ahead if it was for there, else now. A
         database failure of either is raised here (and the reader's session is dropped)."""
         ahead, self._ahead = self._ahead, None
@@ -69,7 +69,7 @@ class StreamReader:
         if ahead is not None:
             self._wait(ahead[1])
 
-    def _wait(self, future: "Future[list[store.ReadMessage]]") -> None:
+    def _wait(self, future: "Future[store.Read]") -> None:
         """Wait for a read nobody wants any more; a session it failed on is dropped."""
         try:
             future.result()

@@ -1,26 +1,19 @@
 """What a batch's delivery reports say about its rows: one pure classifier for both lanes
 (docs/outbox-relay.md, "One batch").
 
-A row is delivered (a report without an error), held (a stream row behind its key's slow-lane
-head: never sent), refused (the broker will never take it as it is: an attempt is counted), or
-unavailable (no report, or an error that says only that Kafka could not be reached: nothing is
-wrong with the row, it is read again later)."""
+A row is delivered (no error reported, in a batch the producer acknowledged as a whole), held (a
+stream row behind its key's slow-lane head: never sent), refused (the broker will never take it
+as it is: an attempt is counted), or unavailable (not acknowledged, or an error that says only
+that Kafka could not be reached: nothing is wrong with the row, it is read again later)."""
 
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError
 
 from outbox.kafka_errors import broker_unavailable
 from outbox.store import ReadMessage
-
-
-@dataclass(frozen=True, slots=True)
-class Delivery:
-    """A row's delivery report."""
-
-    error: KafkaError | None
-    acked_at: float | None = None  # when the broker's acknowledgement came back (monotonic)
 
 
 @dataclass(slots=True)
@@ -30,8 +23,9 @@ class Reports:
 
     settled: int = 0
     delivered: list[ReadMessage] = field(default_factory=list)
-    # Each delivered row's age at its acknowledgement (seconds), when the report timed it.
-    latencies: list[float] = field(default_factory=list)
+    # The delivered rows' ages at the batch's acknowledgement: (seconds, rows) pairs, one for
+    # each created_at (a writer's transaction stamps all its rows with one).
+    latencies: list[tuple[float, int]] = field(default_factory=list)
     # Rows that leave for the slow lane, with the broker's refusal (None: held, never sent).
     detoured: list[tuple[ReadMessage, KafkaError | None]] = field(default_factory=list)
     unavailable: list[ReadMessage] = field(default_factory=list)
@@ -42,30 +36,45 @@ class Reports:
         return [(m, e) for m, e in self.detoured if e is not None]
 
 
-def sort_reports(messages: Sequence[ReadMessage], deliveries: dict[bytes, Delivery], *,
-                 stop_at_unavailable: bool,
+def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaError], *,
+                 acked_at: float | None, read_at: float, stop_at_unavailable: bool,
                  unavailable: Callable[[KafkaError], bool] = broker_unavailable) -> Reports:
-    """Sort `messages` by their reports in `deliveries` (by message key: a batch has one row per
-    key). The stream stops at the first unavailable row (its position cannot pass it); the slow
-    lane sorts every row."""
+    """Sort `messages` by the `errors` reported for them (by message key: a batch has one row
+    per key) and the batch's acknowledgement (`acked_at`, monotonic; None: the batch was not
+    acknowledged, so a row without an error report is not known to be delivered). The stream
+    stops at the first unavailable row (its position cannot pass it); the slow lane sorts every
+    row. A row's latency is its age when read (`read_at`) plus the time to the acknowledgement
+    of its batch."""
     reports = Reports(settled=len(messages))
+    if acked_at is not None and not errors and not any(m.held for m in messages):
+        reports.delivered = list(messages)  # the usual batch: every row delivered
+    else:
+        _sort_each(reports, messages, errors, acked=acked_at is not None,
+                   stop_at_unavailable=stop_at_unavailable, unavailable=unavailable)
+    if acked_at is not None and reports.delivered:
+        since_read = acked_at - read_at
+        clock_s = reports.delivered[0].clock_s  # one read: one clock
+        reports.latencies = [(max(0.0, clock_s - created_ms / 1000) + since_read, rows)
+                             for created_ms, rows in
+                             Counter(m.timestamp_ms for m in reports.delivered).items()]
+    return reports
+
+
+def _sort_each(reports: Reports, messages: Sequence[ReadMessage],
+               errors: Mapping[str, KafkaError], *, acked: bool, stop_at_unavailable: bool,
+               unavailable: Callable[[KafkaError], bool]) -> None:
     for index, message in enumerate(messages):
         if message.held:
             reports.detoured.append((message, None))
             continue
-        report = deliveries.get(message.key.encode())
-        error = report.error if report else None
-        if report is not None and error is None:
+        error = errors.get(message.key)
+        if error is None and acked:
             reports.delivered.append(message)
-            if report.acked_at is not None:  # its age when read, plus the time since
-                reports.latencies.append(message.age_at_read_s + report.acked_at
-                                         - message.read_at)
         elif error is None or unavailable(error):
             reports.first_unavailable = reports.first_unavailable or error
             if stop_at_unavailable:
                 reports.settled = index
-                break
+                return
             reports.unavailable.append(message)
         else:
             reports.detoured.append((message, error))
-    return reports

@@ -21,15 +21,16 @@ class SlowLane:
     def publish(self) -> BatchOutcome:
         """One batch of the slow lane: its due rows, each the oldest waiting row of its key."""
         read = store.read_slow(self.using, batch_size=self.batch_size)
-        if not read:
+        if not read.messages:
             return BatchOutcome()
         batch = self._producer.produce_batch(read)
         self._producer.await_batch(batch)
-        reports = sort_reports(batch.read, batch.deliveries, stop_at_unavailable=False)
+        reports = sort_reports(batch.read, batch.errors, acked_at=batch.acked_at,
+                               read_at=batch.read_at, stop_at_unavailable=False)
         failures = [store.Failure(m.id, *self._tally.describe_refusal(m, error))
                     for m, error in reports.refused]
         metrics.observe_delivery_latencies(reports.latencies)
-        outcome = BatchOutcome(read=len(read))
+        outcome = BatchOutcome(read=len(batch.read))
         outcome.published = store.mark_published(self.using, [m.id for m in reports.delivered])
         outcome.released = len(reports.unavailable)  # left unpublished: read again next time
         outcome.failed = len(failures)

@@ -8,9 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-import orjson
 import psycopg
 from django.db import transaction
 
@@ -24,34 +23,47 @@ QUERIES = QueryFile(QUERIES_FILE)
 Position = tuple[str, int]
 
 
-@dataclass(frozen=True, slots=True)
-class ReadMessage:
-    """A deliverable outbox row, as the producer needs it (the payload stays opaque text)."""
+class ReadMessage(NamedTuple):
+    """A deliverable outbox row, as the producer needs it (the payload and headers stay opaque
+    text), in the columns of the queries read_stream and read_slow: a plain tuple, for a read
+    makes thousands of them a batch."""
 
-    id: uuid.UUID
+    # In the stream: the row's place. None for a slow-lane row.
+    txid: str | None
+    seq: int | None
+    id: str  # the message id, as text (uuid.UUID(id) where one is needed)
     topic: str
     key: str
     payload: str
-    # The Kafka headers: the row's (message id, event type, contract version, correlation id,
-    # traceparent when present) and the aggregate's type and id; null values left out.
-    headers: dict[str, Any]
+    # The Kafka headers, a JSON object: the row's (message id, event type, contract version,
+    # correlation id, traceparent when present) and the aggregate's type and id.
+    headers: str
     timestamp_ms: int  # the row's created_at, the Kafka timestamp
+    # The database's clock (which stamped created_at) when the read ran, seconds since the epoch.
+    clock_s: float
+    # A stream row whose key is held behind the slow lane (such a row is detoured, not sent).
+    held: bool
     attempts: int
-    # The row's age when read, on the database's clock, and when that was on this process's
-    # monotonic clock: its age at any later moment without the relay's wall clock.
-    age_at_read_s: float
+
+    @property
+    def position(self) -> Position | None:
+        return None if self.txid is None or self.seq is None else (self.txid, self.seq)
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """The rows of one read, and when it returned on this process's monotonic clock: with a
+    row's age at the read, its age at any later moment without the relay's wall clock."""
+
+    messages: list[ReadMessage]
     read_at: float
-    # In the stream: the row's place, and whether its key is held behind the slow lane (such a
-    # row is detoured, not sent). None for a slow-lane row.
-    position: Position | None = None
-    held: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class Failure:
     """A message-level delivery failure to record: the error, and when to try again."""
 
-    id: uuid.UUID
+    id: str  # the message id, as read
     error: str
     retry_in: timedelta
 
@@ -61,7 +73,7 @@ class Detour:
     """A stream row that leaves the stream for the slow lane: a failed delivery (its error and
     retry delay), or a row held behind its key's head (no error: no attempt counted)."""
 
-    id: uuid.UUID
+    id: str  # the message id, as read
     error: str | None = None
     retry_in: timedelta = timedelta(0)
 
@@ -198,22 +210,15 @@ def read_position(using: str) -> Position:
     return str(txid), int(seq)
 
 
-def read_stream(conn: psycopg.Connection[Any], *, batch_size: int,
-                   after: Position) -> list[ReadMessage]:
+def read_stream(conn: psycopg.Connection[Any], *, batch_size: int, after: Position) -> Read:
     """Up to `batch_size` rows after `after` in stream order, of settled transactions only, on
     the given session (the relay's reader has one of its own); nothing is written."""
     with psycopg.Cursor(conn) as cur:
         cur.execute(QUERIES["read_stream"], {"batch_size": batch_size,
                                              "after_txid": after[0], "after_seq": after[1]},
                     binary=True)
-        rows = cur.fetchall()
-    read_at = time.monotonic()
-    loads = orjson.loads
-    return [
-        ReadMessage(r[2], r[3], r[4], r[5], loads(r[6]), r[7], 0, r[8], read_at,
-                       (r[0], r[1]), r[9])
-        for r in rows
-    ]
+        rows = list(map(ReadMessage._make, cur.fetchall()))
+    return Read(rows, time.monotonic())
 
 
 def stream_waiting(using: str, after: Position) -> bool:
@@ -224,17 +229,12 @@ def stream_waiting(using: str, after: Position) -> bool:
         return bool(one(cur)[0])
 
 
-def read_slow(using: str, *, batch_size: int) -> list[ReadMessage]:
+def read_slow(using: str, *, batch_size: int) -> Read:
     """Up to `batch_size` due slow-lane rows, per key only its oldest waiting one."""
     with server_cursor(using) as cur:
         cur.execute(QUERIES["read_slow"], {"batch_size": batch_size}, binary=True)
         rows = cur.fetchall()
-    read_at = time.monotonic()
-    return [
-        ReadMessage(id=r[0], topic=r[1], key=r[2], payload=r[3], headers=orjson.loads(r[4]),
-                       timestamp_ms=r[5], age_at_read_s=r[6], attempts=r[7], read_at=read_at)
-        for r in rows
-    ]
+    return Read(list(map(ReadMessage._make, rows)), time.monotonic())
 
 
 def advance(using: str, *, start: Position, end: Position, published: int,
@@ -276,7 +276,7 @@ def advance(using: str, *, start: Position, end: Position, published: int,
         return [r[0] for r in cur.fetchall() if r[1]]
 
 
-def mark_published(using: str, ids: Sequence[uuid.UUID]) -> int:
+def mark_published(using: str, ids: Sequence[str]) -> int:
     """Record delivered slow-lane rows; the number marked (a row another relay already marked is skipped)."""
     if not ids:
         return 0

@@ -7,7 +7,6 @@ flight at a time). A row the broker refused, and every later row of its key, lea
 for the slow lane (it is "detoured"). If the broker could not take a row, the position stops
 just before it and the rest is read again."""
 
-import dataclasses
 import logging
 import threading
 from collections import deque
@@ -21,7 +20,7 @@ from outbox.outage import Emit
 from outbox.producer import Batch, RelayProducer
 from outbox.reader import StreamReader
 from outbox.reports import sort_reports
-from outbox.store import Position, ReadMessage
+from outbox.store import Position, Read, ReadMessage
 from outbox.tally import BatchOutcome, Tally
 
 # Batches in flight at once: the next read overlaps the previous batch's delivery wait.
@@ -43,8 +42,7 @@ def cut(read: list[ReadMessage], busy: Iterable[str],
             break
         keys.add(message.key)
     if held:
-        read = [dataclasses.replace(m, held=True) if m.key in held and not m.held else m
-                for m in read]
+        read = [m._replace(held=True) if m.key in held and not m.held else m for m in read]
     return read
 
 
@@ -90,9 +88,10 @@ class StreamLane:
         self._stop = stop
 
     def read(self, after: Position, busy: Iterable[str] = (),
-             held: frozenset[str] | set[str] = frozenset()) -> list[ReadMessage]:
+             held: frozenset[str] | set[str] = frozenset()) -> Read:
         """The next batch after `after` (see `cut`)."""
-        return cut(self._reader.read(after), busy, held)
+        read = self._reader.read(after)
+        return Read(cut(read.messages, busy, held), read.read_at)
 
     def publish(self, total: BatchOutcome) -> BatchOutcome:
         """Stream batches until a read comes back empty, the broker is unavailable, stop, or
@@ -139,7 +138,7 @@ class StreamLane:
                 return
             busy = set().union(*(b.keys for b in run.in_flight))
             read = self.read(run.after, busy, run.detoured)
-            if not read:
+            if not read.messages:
                 # Nothing after `after`, or its first row's key is in flight: read on once a
                 # batch in flight is done (if none is, there is nothing to read).
                 run.reading = bool(run.in_flight)
@@ -147,7 +146,7 @@ class StreamLane:
                     self._look_for_a_held_stream(run.after)
                 return
             self._held.moving()
-            start, run.after = run.after, read[-1].position or run.after
+            start, run.after = run.after, read.messages[-1].position or run.after
             run.batches += 1
             if run.batches < STREAM_BATCHES_PER_CALL:
                 self._reader.read_ahead(run.after)  # while this batch is produced
@@ -181,7 +180,8 @@ class StreamLane:
         delivered, refused (detoured with an attempt counted) or held (detoured); it stops
         before the first row the broker could not take (or that the stop released)."""
         self._producer.await_batch(batch)
-        reports = sort_reports(batch.read, batch.deliveries, stop_at_unavailable=True)
+        reports = sort_reports(batch.read, batch.errors, acked_at=batch.acked_at,
+                               read_at=batch.read_at, stop_at_unavailable=True)
         detours = [store.Detour(m.id) if error is None else
                    store.Detour(m.id, *self._tally.describe_refusal(m, error))
                    for m, error in reports.detoured]

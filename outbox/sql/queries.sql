@@ -12,21 +12,25 @@ select txid::text, seq from outbox_relay_position;
 
 -- read_stream: up to batch_size rows after a position, in stream order (txid, seq), only of
 -- transactions older than every one still running (so that no row can later commit behind the
--- position); held = its key has a waiting or parked row in the slow lane, which it must not
--- overtake
-select m.txid::text, m.seq, m.id, m.topic, m.message_key, m.payload::text,
-       -- the Kafka headers: the row's own (outbox_headers built them), and its aggregate where
-       -- it has none
-       jsonb_strip_nulls(jsonb_build_object('aggregate_type', m.aggregate_type,
-                                            'aggregate_id', m.aggregate_id) || m.headers)::text,
-       -- the Kafka timestamp (ms since the epoch), and the row's age now on the database's
-       -- clock (which stamped created_at)
+-- position), as store.ReadMessage takes them; held = its key has a waiting or parked row in the
+-- slow lane, which it must not overtake
+select m.txid::text, m.seq, m.id::text, m.topic, m.message_key, m.payload::text,
+       -- the Kafka headers as stored (outbox_headers, migration 0010_outbox_headers_aggregate);
+       -- a row stored without its aggregate (an older writer's) gets it here
+       case when m.headers ?& array['aggregate_type', 'aggregate_id'] then m.headers
+            else jsonb_strip_nulls(jsonb_build_object('aggregate_type', m.aggregate_type,
+                                                      'aggregate_id', m.aggregate_id)
+                                   || m.headers)
+       end::text,
+       -- the Kafka timestamp (ms since the epoch), and the database's clock (which stamped
+       -- created_at) once for the statement: each row's age when read
        floor(extract(epoch from m.created_at) * 1000)::int8,
-       extract(epoch from clock_timestamp() - m.created_at)::float8,
+       (select extract(epoch from clock_timestamp())::float8),
        exists (select 1 from outbox_messages s
                where s.message_key = m.message_key
                  and s.detoured_at is not null
-                 and s.published_at is null) as held
+                 and s.published_at is null) as held,
+       m.attempts
 from outbox_messages m
 where (m.txid, m.seq) > (%(after_txid)s::xid8, %(after_seq)s::bigint)
   -- this cluster's oldest running transaction, in the stream's ids (migration 0006_stream_cluster)
@@ -106,12 +110,17 @@ where m.id = d.id
 returning m.id, m.parked_at is not null as parked;
 
 -- read_slow: up to batch_size due rows of the slow lane, each the oldest waiting row of its key (a
--- delayed or parked head holds its key)
-select o.id, o.topic, o.message_key, o.payload::text,
-       jsonb_strip_nulls(jsonb_build_object('aggregate_type', o.aggregate_type,
-                                            'aggregate_id', o.aggregate_id) || o.headers)::text,
+-- delayed or parked head holds its key), as store.ReadMessage takes them (no place in the
+-- stream, never held)
+select null::text, null::int8, o.id::text, o.topic, o.message_key, o.payload::text,
+       case when o.headers ?& array['aggregate_type', 'aggregate_id'] then o.headers
+            else jsonb_strip_nulls(jsonb_build_object('aggregate_type', o.aggregate_type,
+                                                      'aggregate_id', o.aggregate_id)
+                                   || o.headers)
+       end::text,
        floor(extract(epoch from o.created_at) * 1000)::int8,
-       extract(epoch from clock_timestamp() - o.created_at)::float8,
+       (select extract(epoch from clock_timestamp())::float8),
+       false,
        o.attempts
 from outbox_messages o
 where o.detoured_at is not null

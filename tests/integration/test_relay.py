@@ -120,18 +120,18 @@ def test_a_stream_batch_ends_before_a_key_it_already_has_or_one_in_flight(
     with as_relay():
         relay = Relay(relay_settings("127.0.0.1:9"))
         start = store.read_position("default")
-        first = relay.stream.read(start, busy=set())
+        first = relay.stream.read(start, busy=set()).messages
         assert first[-1].position is not None
         # The next read, while the first batch is in flight: its keys come back first.
-        blocked = relay.stream.read(first[-1].position, busy={m.key for m in first})
-        alone = relay.stream.read(first[-1].position, busy=set())
+        blocked = relay.stream.read(first[-1].position, busy={m.key for m in first}).messages
+        alone = relay.stream.read(first[-1].position, busy=set()).messages
         relay.close()
 
-    assert sorted(m.id for m in first) == sorted(firsts)  # one row per key: cut at a repeat
+    assert sorted(uuid.UUID(m.id) for m in first) == sorted(firsts)  # one row per key: cut at a repeat
     places = [(int(m.position[0]), m.position[1]) for m in first if m.position is not None]
     assert len(places) == len(first) and places == sorted(places)  # in write order
     assert blocked == []
-    assert sorted(m.id for m in alone) == sorted(ids[1] for ids in written.values())
+    assert sorted(uuid.UUID(m.id) for m in alone) == sorted(ids[1] for ids in written.values())
 
 
 def test_an_open_transaction_holds_the_stream_back_and_no_row_is_skipped(
@@ -168,7 +168,7 @@ def test_an_open_transaction_holds_the_stream_back_and_no_row_is_skipped(
         first = read_stream(batch_size=1, after=store.read_position("default"))
         stats = Relay(relay_settings(kafka.bootstrap_servers, batch_size=2)).run_pass()
 
-    assert [m.id for m in first] == [late_id]
+    assert [m.id for m in first] == [str(late_id)]
     assert stats.published == 11 and unpublished_count() == 0
     assert str(late_id) in {r.message_id for r in read_topic(kafka.bootstrap_servers)}
 

@@ -216,7 +216,7 @@ class ObservedReader(StreamReader):
     finished: ClassVar[list[store.Position]] = []
 
     def _read(self, after: store.Position,
-              session: psycopg.Connection[Any] | None = None) -> list[store.ReadMessage]:
+              session: psycopg.Connection[Any] | None = None) -> store.Read:
         read = super()._read(after, session)
         self.finished.append(after)
         return read
@@ -306,7 +306,7 @@ def test_the_row_with_the_lower_txid_and_the_higher_seq_comes_first_and_none_is_
         stats = Relay(relay_settings(kafka.bootstrap_servers, batch_size=1)).run_pass()
 
     assert held_back == []  # B's row waits while A, older, is open
-    assert [m.id for m in read] == [first_id, second.id]
+    assert [m.id for m in read] == [str(first_id), str(second.id)]
     assert (stats.published, unpublished_count()) == (2, 0)
     assert sorted(copies_on_topic(kafka.bootstrap_servers)) == sorted([str(first_id),
                                                                        str(second.id)])

@@ -59,7 +59,7 @@ def read_stream(*, batch_size: int, after: store.Position) -> list[store.ReadMes
     in the role of this thread's connection); nothing is written."""
     reader = StreamReader("default", batch_size)
     try:
-        return reader.read(after)
+        return reader.read(after).messages
     finally:
         reader.close()
 

@@ -1,5 +1,7 @@
 """The relay's bulk histogram observe against prometheus_client's own, one value at a time."""
 
+from collections import Counter
+
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
@@ -14,7 +16,7 @@ def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, st
             if not s.name.endswith("_created")}
 
 
-@pytest.mark.parametrize("amounts", [AMOUNTS, [], [0.5]])
+@pytest.mark.parametrize("amounts", [AMOUNTS, [], [0.5], [0.3] * 5 + [7.0] * 3])
 def test_observe_many_equals_observe_one_by_one(amounts: list[float]) -> None:
     one_by_one, at_once = CollectorRegistry(), CollectorRegistry()
     buckets = (0.005, 0.25, 1.0, 5.0, 60.0)
@@ -23,7 +25,7 @@ def test_observe_many_equals_observe_one_by_one(amounts: list[float]) -> None:
     for amount in amounts:
         single.observe(amount)
 
-    observe_many(bulk, amounts)
+    observe_many(bulk, Counter(amounts).items())  # each distinct amount with its count
 
     assert _samples(at_once) == _samples(one_by_one)
     assert _samples(at_once)[("latency_count", ())] == len(amounts)
@@ -34,4 +36,4 @@ def test_observe_many_refuses_a_histogram_with_labels_like_observe() -> None:
     with pytest.raises(ValueError, match="label values"):
         labelled.observe(1.0)
     with pytest.raises(ValueError, match="label values"):
-        observe_many(labelled, [1.0])
+        observe_many(labelled, [(1.0, 1)])
