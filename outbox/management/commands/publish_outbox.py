@@ -14,6 +14,7 @@ from core.commands import EXIT_FAILED, ProjectCommand, stop_on_signals
 from core.config import ConfigError, parse_duration_or_zero, parse_positive_int
 from core.db import DatabaseErrors
 from core.failures import classify_on
+from core.garbage import relax_garbage_collection
 from core.health import Heartbeat, database_ready
 from core.ops_server import Probes, operations_server
 from core.progress import ProgressBar
@@ -61,6 +62,7 @@ class Command(ProjectCommand):
                 batch_size=parse_positive_int("--batch-size", options["batch_size"]))
             validate(settings)
         held_bound = parse_duration_or_zero("--held-bound", options["held_bound"])
+        relax_garbage_collection()  # a few short-lived objects a row (core.garbage)
         with stop_on_signals() as stop, refusals_as_exit_codes():
             if options["loop"]:
                 self._loop(settings, stop)
