@@ -49,6 +49,7 @@ class Measurement:
     batch_size: int | None
     seconds: float
     relays: int | None = None
+    peak_rss_mb: float | None = None  # the relay processes' largest peak RSS
 
     @property
     def per_second(self) -> float:
@@ -78,8 +79,10 @@ def bench_messages(count: int, topic_seed: int = 0) -> list[BenchMessage]:
                            "numberMask": f"45 ** ****{n % 100:02d}", "expiresAt": "2026-12-06",
                            "thresholdDays": 7, "daysLeft": 7}],
         })
+        # What outbox_headers() stores for the worker (migration 0010_outbox_headers_aggregate).
         headers = {"message_id": str(message_id), "correlation_id": str(uuid.uuid4()),
-                   "event_type": "DocumentExpiryReminderKafkaEvent", "contract_version": "1"}
+                   "event_type": "DocumentExpiryReminderKafkaEvent", "contract_version": "1",
+                   "aggregate_type": "Profile", "aggregate_id": owner}
         messages.append(BenchMessage(message_id, owner, payload, headers,
                                      base + timedelta(microseconds=n)))
     return messages
@@ -130,10 +133,9 @@ def measure_raw(messages: list[BenchMessage], bootstrap: str, topic: str,
                          "acks": "all", "linger.ms": linger_ms,
                          "queue.buffering.max.messages": max(100_000, len(messages)),
                          "logger": _quiet_logger()})
-    # The headers the relay sends: the row's, and its aggregate's type and id (read_stream).
+    # The headers the relay sends: the row's six (read_stream).
     records = [(m.key.encode(), m.payload.encode(),
-                [(k, v.encode()) for k, v in
-                 {"aggregate_type": "Profile", "aggregate_id": m.key, **m.headers}.items()],
+                [(k, v.encode()) for k, v in m.headers.items()],
                 int(m.created_at.timestamp() * 1000)) for m in messages]
     failed: list[object] = []
 
@@ -182,6 +184,7 @@ def _relay_process(job: RelayJob, ready: Any, start: Any, results: Any) -> None:
 
     django.setup()
     from core.db import raw_connection
+    from core.garbage import relax_garbage_collection
     from outbox.config import RelaySettings
     from outbox.relay import Relay
 
@@ -190,11 +193,20 @@ def _relay_process(job: RelayJob, ready: Any, start: Any, results: Any) -> None:
     relay = Relay(settings)
     raw_connection("default")
     relay.connect()
+    relax_garbage_collection()  # as publish_outbox does
     ready.release()
     start.wait()
     stats = relay.run_pass()
     relay.close()
-    results.put(stats.published)
+    results.put((stats.published, _peak_rss_mb()))
+
+
+def _peak_rss_mb() -> float:
+    """This process's peak RSS (VmHWM: getrusage's ru_maxrss would count the parent's, whose
+    peak a spawned child inherits across fork and exec)."""
+    status = Path("/proc/self/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines()
+                    if line.startswith("VmHWM:"))) / 1024
 
 
 def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, batch_size: int,
@@ -219,9 +231,12 @@ def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, b
     started = time.perf_counter()
     start.set()
     published: list[int] = []
+    peak_rss: list[float] = []
     while len(published) < relays:
         try:
-            published.append(results.get(timeout=1))
+            count, rss_mb = results.get(timeout=1)
+            published.append(count)
+            peak_rss.append(rss_mb)
         except queue.Empty:
             if any(p.exitcode not in {None, 0} for p in processes):
                 raise RuntimeError("a relay process failed") from None
@@ -230,7 +245,7 @@ def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, b
         process.join(60)
     if sum(published) != len(messages):
         raise RuntimeError(f"relays published {published} of {len(messages)}")
-    return Measurement(RELAY, len(messages), batch_size, seconds, relays)
+    return Measurement(RELAY, len(messages), batch_size, seconds, relays, max(peak_rss))
 
 
 def measure_db_floor(messages: list[BenchMessage], batch_size: int,
@@ -251,7 +266,7 @@ def measure_db_floor(messages: list[BenchMessage], batch_size: int,
     assert leader_pid is not None, "a relay is leading on the benchmark's database"  # noqa: S101
     after = store.read_position(using)
     started = time.perf_counter()
-    while read := reader.read(after):
+    while read := reader.read(after).messages:
         end = read[-1].position or after
         reader.read_ahead(end)
         store.advance(using, start=after, end=end, published=len(read), detours=[],
@@ -269,6 +284,7 @@ def measure(events: list[int], *, batch_size: int = 5000, relays: list[int] | No
     """Per event count: the raw producer, the relay with each number of processes, and the
     database alone; each Kafka line on a fresh topic of one mock cluster (or of the broker at
     `bootstrap`)."""
+    from core.garbage import relax_garbage_collection
     from devtools.mock_kafka import MockKafkaCluster
 
     results = []
@@ -277,6 +293,8 @@ def measure(events: list[int], *, batch_size: int = 5000, relays: list[int] | No
         servers = bootstrap or cluster.bootstrap_servers
         for count in events:
             messages = bench_messages(count)
+            # Every side with the relay's collector settings, the messages out of its walks.
+            relax_garbage_collection()
             raw_topic = f"bench.raw.{run}.{count}"
             _warm_up(servers, raw_topic)
             results.append(measure_raw(messages, servers, raw_topic, linger_ms))
@@ -293,13 +311,14 @@ def measure(events: list[int], *, batch_size: int = 5000, relays: list[int] | No
 def table(results: list[Measurement]) -> str:
     raw = {r.events: r.per_second for r in results if r.name == RAW}
     lines = [f"{'what':<31} {'events':>8} {'relays':>6} {'batch':>6} {'seconds':>8} "
-             f"{'events/s':>10} {'vs raw':>7}"]
+             f"{'events/s':>10} {'vs raw':>7} {'RSS MB':>7}"]
     for r in results:
         batch = "-" if r.batch_size is None else str(r.batch_size)
         relays = "-" if r.relays is None else str(r.relays)
         share = f"{r.per_second / raw[r.events]:>6.0%}" if r.events in raw else "     -"
+        rss = "-" if r.peak_rss_mb is None else f"{r.peak_rss_mb:.0f}"
         lines.append(f"{r.name:<31} {r.events:>8} {relays:>6} {batch:>6} {r.seconds:>8.2f} "
-                     f"{r.per_second:>10,.0f} {share:>7}")
+                     f"{r.per_second:>10,.0f} {share:>7} {rss:>7}")
     return "\n".join(lines)
 
 
