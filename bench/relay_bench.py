@@ -183,6 +183,7 @@ def _relay_process(job: RelayJob, ready: Any, start: Any, results: Any) -> None:
     import django
 
     django.setup()
+    from bench.peak_rss import peak_rss_mb
     from core.db import raw_connection
     from core.garbage import relax_garbage_collection
     from outbox.config import RelaySettings
@@ -198,15 +199,7 @@ def _relay_process(job: RelayJob, ready: Any, start: Any, results: Any) -> None:
     start.wait()
     stats = relay.run_pass()
     relay.close()
-    results.put((stats.published, _peak_rss_mb()))
-
-
-def _peak_rss_mb() -> float:
-    """This process's peak RSS (VmHWM: getrusage's ru_maxrss would count the parent's, whose
-    peak a spawned child inherits across fork and exec)."""
-    status = Path("/proc/self/status").read_text()
-    return int(next(line.split()[1] for line in status.splitlines()
-                    if line.startswith("VmHWM:"))) / 1024
+    results.put((stats.published, peak_rss_mb()))
 
 
 def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, batch_size: int,

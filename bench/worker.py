@@ -57,22 +57,25 @@ def _parse_counters(stdout: str) -> dict[str, int]:
 
 def run_command(args: list[str], database_url: str, log_path: Path,
                 env: dict[str, str] | None = None) -> WorkerRun:
-    """Run `manage.py <args>` and wait for it with wait4(), which reports the child's peak RSS."""
+    """Run `manage.py <args>` and wait for it."""
     return run_python([str(MANAGE_PY), *args], database_url, log_path, env)
 
 
 def run_python(argv: list[str], database_url: str, log_path: Path,
                env: dict[str, str] | None = None) -> WorkerRun:
-    """Run `python <argv>` as the worker runs, and read its summary and peak RSS."""
+    """Run `python <argv>` as the worker runs, and read its summary, its own peak RSS (written
+    by bench.peak_rss: wait4's would count this process's) and its CPU (wait4's)."""
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("REMINDER_")}
     child_env.update(DATABASE_URL=database_url, LOG_FORMAT="json", PYTHONUNBUFFERED="1",
                      REMINDER_MAX_RUN_DURATION="6h", DB_STATEMENT_TIMEOUT_MS="3600000")
     child_env.update(env or {})  # may set the budget, e.g. REMINDER_MAX_RUN_DURATION=10m
     out_path = log_path.with_suffix(".out")
+    rss_path = log_path.with_suffix(".rss")
+    rss_path.unlink(missing_ok=True)
     started = time.perf_counter()
     with out_path.open("w") as out, log_path.open("w") as err:
-        proc = subprocess.Popen([sys.executable, *argv], stdout=out, stderr=err,
-                                env=child_env, cwd=ROOT)
+        proc = subprocess.Popen([sys.executable, "-m", "bench.peak_rss", str(rss_path), *argv],
+                                stdout=out, stderr=err, env=child_env, cwd=ROOT)
         _, wait_status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - started
     proc.returncode = os.waitstatus_to_exitcode(wait_status)
@@ -82,7 +85,8 @@ def run_python(argv: list[str], database_url: str, log_path: Path,
     status = _STATUS.search(stdout)
     return WorkerRun(
         wall_seconds=wall,
-        peak_rss_mb=usage.ru_maxrss / 1024,  # kilobytes on Linux
+        # nan: no report, the child died by a signal before its exit handlers ran
+        peak_rss_mb=float(rss_path.read_text()) if rss_path.exists() else float("nan"),
         cpu_seconds=usage.ru_utime + usage.ru_stime,
         returncode=proc.returncode,
         status=status[1] if status else ("done" if proc.returncode == 0 else "error"),
