@@ -128,16 +128,17 @@ class RelayProducer:
     def _poll(self, producer: Producer, timeout: float) -> bool:
         """Serve callbacks; False if the producer failed fatally (poll raises that, for instance
         an idempotent producer whose broker forgot it: UNKNOWN_PRODUCER_ID after a restart)."""
-        return self._flush(producer, timeout, poll=True) is not None
+        return self._unless_fatal(producer.poll, timeout) is not None
 
-    def _flush(self, producer: Producer, timeout: float, *, poll: bool = False) -> int | None:
-        """Serve callbacks until nothing is in flight or unreported (`flush`; or one `poll`),
-        up to `timeout`: how many messages are left, None if the producer failed fatally."""
+    def _flush(self, producer: Producer, timeout: float) -> int | None:
+        """Serve callbacks until nothing is in flight or unreported, up to `timeout`: how many
+        messages are left, None if the producer failed fatally."""
+        return self._unless_fatal(producer.flush, timeout)
+
+    def _unless_fatal(self, serve: Callable[[float], int], timeout: float) -> int | None:
+        """`serve(timeout)` (poll or flush); None if it raised the producer's fatal error."""
         try:
-            if poll:
-                producer.poll(timeout)
-                return len(producer)
-            return int(producer.flush(timeout))
+            return serve(timeout)
         except KafkaException as exc:
             error = exc.args[0]
             if not (isinstance(error, KafkaError) and error.fatal()):
