@@ -14,6 +14,7 @@ import pytest
 from django.db import connection
 
 from core.db import raw_connection
+from core.roles import WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from outbox import store
@@ -22,6 +23,7 @@ from outbox.wakeup import Wakeup
 from reminders import events
 from tests.conftest import CycleRunner, test_database_url
 from tests.support.contract import assert_event_valid
+from tests.support.db_roles import as_role
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, database_now, expiring_in
 from tests.support.relay_support import (
@@ -68,8 +70,9 @@ def test_events_reach_the_topic_with_key_payload_and_headers_intact(
         assert body == json.loads(payload)
         assert record.key == key == body["ownerUserId"]
         stored = json.loads(headers)
-        assert record.headers == {**stored, "aggregate_type": events.AGGREGATE_TYPE,
-                                  "aggregate_id": key}
+        # Stored with the aggregate (outbox migration 0010), and sent as stored.
+        assert (stored["aggregate_type"], stored["aggregate_id"]) == (events.AGGREGATE_TYPE, key)
+        assert record.headers == stored
         assert record.headers["message_id"] == str(row_id)
         assert record.headers["event_type"] == events.EVENT_TYPE
         assert record.headers["contract_version"] == "1"
@@ -110,6 +113,37 @@ def test_one_relay_leads_and_a_standby_takes_over_when_its_session_dies_order_pe
     written = {**before, **after}
     records = read_topic(kafka.bootstrap_servers)
     assert first_seen_order(records) == {k: [str(i) for i in ids] for k, ids in written.items()}
+
+
+def test_a_row_a_writer_of_the_previous_release_stored_is_sent_with_its_aggregate(
+    transactional_db: None, kafka: MockKafkaCluster
+) -> None:
+    """outbox_headers' five-argument form (a worker of the release before migration 0010, in a
+    rolling deploy) stores no aggregate headers: the read adds them, as before."""
+    row_id = uuid.uuid4()
+    with as_role(WORKER_ROLE), connection.cursor() as cursor:
+        cursor.execute(
+            "insert into outbox_messages (id, aggregate_type, aggregate_id, event_type,"
+            " contract_version, topic, message_key, payload, headers, created_at, attempts)"
+            " values (%s, %s, 'old-writer', %s, %s, %s, 'old-writer', %s,"
+            "         outbox_headers(%s, 'run-1', %s, %s, null), now(), 0)",
+            [row_id, events.AGGREGATE_TYPE, events.EVENT_TYPE, events.CONTRACT_VERSION,
+             events.TOPIC, json.dumps(event_payload("old-writer", 0)), row_id,
+             events.EVENT_TYPE, events.CONTRACT_VERSION])
+    with connection.cursor() as cursor:  # the worker may not read the outbox
+        cursor.execute("select headers::text from outbox_messages where id = %s", [row_id])
+        [stored] = cursor.fetchone()
+    with as_relay():
+        stats = Relay(relay_settings(kafka.bootstrap_servers)).run_pass()
+
+    assert "aggregate_id" not in json.loads(stored)
+    assert stats.published == 1
+    [record] = read_topic(kafka.bootstrap_servers)
+    assert record.headers == {"message_id": str(row_id), "correlation_id": "run-1",
+                              "event_type": events.EVENT_TYPE,
+                              "contract_version": str(events.CONTRACT_VERSION),
+                              "aggregate_type": events.AGGREGATE_TYPE,
+                              "aggregate_id": "old-writer"}
 
 
 def test_a_stream_batch_ends_before_a_key_it_already_has_or_one_in_flight(
