@@ -100,15 +100,10 @@ def set_connected(connected: bool) -> None:
     BROKER_CONNECTED.set(1 if connected else 0)
 
 
-def observe_delivery_latency(seconds: float) -> None:
-    """One delivered row: from its created_at to the acknowledgement (0 if the clocks disagree)."""
-    DELIVERY_LATENCY.observe(max(0.0, seconds))
-
-
 def observe_delivery_latencies(latencies: Iterable[tuple[float, int]]) -> None:
-    """A batch's delivered rows at once, as (seconds, rows) pairs (as many observations as
-    `observe_delivery_latency` row by row): each bucket and the sum are added to once per
-    batch, not once per row."""
+    """A batch's delivered rows at once, as (seconds, rows) pairs, from created_at to the
+    acknowledgement (0 if the clocks disagree): as many observations as rows, but each bucket
+    and the sum are added to once per batch, not once per row."""
     observe_many(DELIVERY_LATENCY, ((max(0.0, s), n) for s, n in latencies))
 
 
