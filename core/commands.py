@@ -22,9 +22,9 @@ from core.logs import flush_queued_handlers, leave_stop_signals_to_the_main_thre
 
 logger = logging.getLogger("core.commands")
 
-EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
+EXIT_UNAVAILABLE = 3  # the audit: the database or the broker did not answer
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -1,12 +1,9 @@
 """Database plumbing shared by both apps: the psycopg connection behind a Django alias,
-server-binding cursors, the errors that mean "the database failed", chunked deletes and the
-retry backoff."""
+server-binding cursors, the errors that mean "the database failed" and chunked deletes."""
 
-import random
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -108,10 +105,3 @@ def delete_in_chunks(
         if deleted < chunk:
             break
     return total
-
-
-def backoff_delay(failures: int, initial: timedelta, cap: timedelta, rng: random.Random) -> float:
-    """Seconds to wait after `failures` consecutive failures: doubling from `initial`, capped at
-    `cap`, with jitter over the upper half so that a fleet does not retry in lockstep."""
-    ceiling = min(cap.total_seconds(), initial.total_seconds() * 2 ** max(0, failures - 1))
-    return rng.uniform(ceiling / 2, ceiling)

@@ -1,7 +1,7 @@
 """One supervised retry loop for both long-running processes (the worker's `--loop` and the
 relay's): a step run until stop, each consecutive failure of a kind waited out with a backoff
 doubling from `initial` to `cap`, jittered so that a fleet does not retry in lockstep
-(core.db.backoff_delay). Its clock, wait and randomness are arguments, for the tests."""
+(backoff_delay). Its clock, wait and randomness are arguments, for the tests."""
 
 import functools
 import random
@@ -9,7 +9,13 @@ import threading
 from collections.abc import Callable
 from datetime import timedelta
 
-from core.db import backoff_delay
+
+def backoff_delay(failures: int, initial: timedelta, cap: timedelta, rng: random.Random) -> float:
+    """Seconds to wait after `failures` consecutive failures: doubling from `initial`, capped at
+    `cap`, with jitter over the upper half so that a fleet does not retry in lockstep."""
+    ceiling = min(cap.total_seconds(), initial.total_seconds() * 2 ** max(0, failures - 1))
+    return rng.uniform(ceiling / 2, ceiling)
+
 
 Wait = Callable[[float], object]
 # Told (failures of this kind in a row, seconds about to be waited) before each wait.

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from confluent_kafka import KafkaError
 
-from core.db import backoff_delay
+from core.supervise import backoff_delay
 from outbox import metrics
 from outbox.config import RelaySettings
 from outbox.kafka_errors import describe

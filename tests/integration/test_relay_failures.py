@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from core.config import ConfigError
-from core.db import backoff_delay
+from core.supervise import backoff_delay
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from outbox import store

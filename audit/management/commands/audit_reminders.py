@@ -14,7 +14,14 @@ from audit.checks import FINDINGS, AuditOptions, run_audit
 from audit.loop import AuditMetrics, run_audit_loop
 from audit.report import AuditReport, render_json, render_text
 from audit.topic import BrokerRefusedError, BrokerUnavailableError, TopicReader
-from core.commands import EXIT_FAILED, EXIT_USAGE, ProjectCommand, stop_on_signals, usage_error
+from core.commands import (
+    EXIT_FAILED,
+    EXIT_UNAVAILABLE,
+    EXIT_USAGE,
+    ProjectCommand,
+    stop_on_signals,
+    usage_error,
+)
 from core.config import parse_duration, parse_positive_int
 from core.db import DatabaseErrors
 from core.failures import FailureKind, classify_on
@@ -23,8 +30,6 @@ from core.ops_server import Probes, ops_server_from_env
 from outbox.config import load_relay_settings
 from reminders.cli import parse_as_of
 from reminders.config import load_settings
-
-EXIT_UNAVAILABLE = 3
 
 
 class Command(ProjectCommand):
