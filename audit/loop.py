@@ -12,6 +12,7 @@ from datetime import timedelta
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
+from audit.findings import CODES
 from audit.report import AuditReport, Status
 from core.logs import log_event
 
@@ -37,21 +38,23 @@ class AuditMetrics:
             "Audits that could not complete (database or broker unavailable)",
             registry=self.registry)
 
-    def record(self, report: AuditReport, codes: dict[str, tuple[str, ...]]) -> None:
+    def record(self, report: AuditReport) -> None:
         """Every finding of every check that ran, 0 when clean; a check not run is dropped."""
         for check in report.checks:
             counts = {f.code: f.count for f in check.findings}
-            for code in codes.get(check.name, ()):
+            for kind in CODES:
+                if kind.check != check.name:
+                    continue
                 if check.status is Status.NOT_CHECKED:
                     with contextlib.suppress(KeyError):  # never set
-                        self.findings.remove(check.name, code)
+                        self.findings.remove(check.name, kind.code)
                 else:
-                    self.findings.labels(check.name, code).set(counts.get(code, 0))
+                    self.findings.labels(check.name, kind.code).set(counts.get(kind.code, 0))
         self.last_completed.set(time.time())
 
 
 def run_audit_loop(audit: Callable[[], AuditReport], every: timedelta, *, stop: threading.Event,
-                   metrics: AuditMetrics, codes: dict[str, tuple[str, ...]],
+                   metrics: AuditMetrics,
                    failures: tuple[type[BaseException], ...]) -> None:
     """Audit now, then once per `every`, until `stop`; a failure (one of `failures`) is
     logged and counted, and the next audit is at the next interval."""
@@ -62,7 +65,7 @@ def run_audit_loop(audit: Callable[[], AuditReport], every: timedelta, *, stop: 
             metrics.failures.inc()
             log_event(logger, logging.ERROR, "audit failed", error=str(exc).splitlines()[0])
         else:
-            metrics.record(report, codes)
+            metrics.record(report)
             log_event(logger, logging.WARNING if report.findings else logging.INFO,
                       "audit completed", findings=report.findings,
                       by_check={c.name: sum(f.count for f in c.findings) for c in report.checks

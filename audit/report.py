@@ -2,12 +2,12 @@
 (text for a person, JSON for a script)."""
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-RUNBOOK = "docs/operations.md"
+from audit.findings import Code
 
 
 class Status(StrEnum):
@@ -18,17 +18,33 @@ class Status(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class Finding:
-    """One kind of disagreement: how many, some of their ids, what it means, what to do."""
+    """One kind of disagreement (its code says what it means and what to do): how many, and
+    the ids of the first few."""
 
-    code: str
+    kind: Code
     count: int
-    what: str
-    action: str
     ids: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def listed(cls, kind: Code, found: list[dict[str, Any]], limit: int) -> "Finding":
+        """All that was found, counted, the first `limit` of them listed."""
+        return cls(kind, len(found), found[:limit])
+
+    @property
+    def code(self) -> str:
+        return self.kind.code
+
+    @property
+    def what(self) -> str:
+        return self.kind.what
+
+    @property
+    def action(self) -> str:
+        return self.kind.action
 
     @property
     def runbook(self) -> str:
-        return f"{RUNBOOK}#audit-{self.code.replace('_', '-')}"
+        return self.kind.runbook
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +83,8 @@ class AuditReport:
 
     def as_dict(self) -> dict[str, Any]:
         def finding(f: Finding) -> dict[str, Any]:
-            return {**asdict(f), "runbook": f.runbook}
+            return {"code": f.code, "count": f.count, "what": f.what, "action": f.action,
+                    "ids": f.ids, "runbook": f.runbook}
 
         return {
             "as_of": self.as_of.isoformat(),

@@ -13,13 +13,13 @@ set local work_mem = '128MB';
 
 -- snapshot_clock: the database's clock, once, in the audit's snapshot (the window's cutoffs and the
 -- waits are measured on it)
-select now();
+select now() as now;
 
--- ledger_outbox_findings: the runs of the window (notified markers reminded in it, or events
--- written in it), and what disagrees between their markers and their events: a notified marker no
--- event of its run lists (at its threshold and expiry), an event item with no marker of its run,
--- and an item listed twice
-with scope_runs as (
+-- ledger_outbox: the runs of the window (notified markers reminded in it, or events written in
+-- it), what was read of them, and what disagrees between their markers and their events (each a
+-- JSON array, its count whole): a notified marker no event of its run lists (at its threshold and
+-- expiry), an event item with no marker of its run, and an item listed twice
+with scope_runs as materialized (
     select distinct run_id::text as run_id
     from document_expiry_reminders
     where notified
@@ -56,43 +56,55 @@ markers as materialized (
     from document_expiry_reminders r
     where r.notified
       and r.run_id::text in (select run_id from scope_runs)
-)
+),
 -- each side's rows against the other's keys, one text key a side (a hash anti-join)
-select 'marker_without_event' as finding, m.document_id, m.threshold_days, m.expires_at,
-       m.run_id, null::text as message_id
-from markers m
-where not exists (select 1 from items i where i.key = m.key)
-union all
+marker_without_event as (
+    select m.document_id, m.threshold_days, m.expires_at, m.run_id
+    from markers m
+    where not exists (select 1 from items i where i.key = m.key)
+),
 -- an item without its marker, unless the marker was pruned since (its expiry left the
 -- retention) or re-armed in place for a new expiry date (the document was renewed)
-select 'event_without_marker', i.document_id, i.threshold_days, i.expires_at, i.run_id,
-       i.message_id::text
-from items i
-where not exists (select 1 from markers m where m.key = i.key)
-  and not (i.expires_at ~ '^\d{4}-\d{2}-\d{2}$' and i.expires_at < %(pruned_before)s::text)
-  and not exists (
-    select 1 from document_expiry_reminders r
-    where r.document_id = case when i.document_id ~* %(uuid_pattern)s
-                               then i.document_id::uuid end
-      and r.threshold_days = case when i.threshold_days ~ '^-?[0-9]{1,9}$'
-                                  then i.threshold_days::int end
-      and r.expires_at::text <> i.expires_at)
-union all
-select 'notified_twice', i.document_id, i.threshold_days, i.expires_at,
-       string_agg(distinct i.run_id, ',' order by i.run_id),
-       string_agg(i.message_id::text, ',' order by i.message_id::text)
-from items i
-group by i.document_id, i.threshold_days, i.expires_at
-having count(*) > 1
-union all
-select 'counted', (select count(*) from markers)::text, (select count(*) from items)::text,
-       (select count(*) from events)::text, (select count(*) from scope_runs)::text, null;
+event_without_marker as (
+    select i.document_id, i.threshold_days, i.expires_at, i.run_id, i.message_id
+    from items i
+    where not exists (select 1 from markers m where m.key = i.key)
+      and not (i.expires_at ~ '^\d{4}-\d{2}-\d{2}$' and i.expires_at < %(pruned_before)s::text)
+      and not exists (
+        select 1 from document_expiry_reminders r
+        where r.document_id = case when i.document_id ~* %(uuid_pattern)s
+                                   then i.document_id::uuid end
+          and r.threshold_days = case when i.threshold_days ~ '^-?[0-9]{1,9}$'
+                                      then i.threshold_days::int end
+          and r.expires_at::text <> i.expires_at)
+),
+notified_twice as (
+    select i.document_id, i.threshold_days, i.expires_at,
+           string_agg(distinct i.run_id, ',' order by i.run_id) as runs,
+           string_agg(i.message_id::text, ',' order by i.message_id::text) as events
+    from items i
+    group by i.document_id, i.threshold_days, i.expires_at
+    having count(*) > 1
+)
+select (select count(*) from scope_runs) as runs,
+       (select count(*) from events) as events,
+       (select count(*) from items) as event_items,
+       (select count(*) from markers) as notified_markers,
+       (select coalesce(json_agg(json_build_object(
+                'document', f.document_id, 'threshold', f.threshold_days,
+                'expires', f.expires_at, 'run', f.run_id)), '[]')
+        from marker_without_event f) as marker_without_event,
+       (select coalesce(json_agg(json_build_object(
+                'document', f.document_id, 'threshold', f.threshold_days,
+                'expires', f.expires_at, 'run', f.run_id, 'event', f.message_id)), '[]')
+        from event_without_marker f) as event_without_marker,
+       (select coalesce(json_agg(json_build_object(
+                'document', f.document_id, 'threshold', f.threshold_days,
+                'expires', f.expires_at, 'runs', f.runs, 'events', f.events)), '[]')
+        from notified_twice f) as notified_twice;
 
--- last_loop_cycle: the last loop cycle that finished with nothing left (succeeded), and the as-of
--- of the newest cycle that pruned (markers before its cutoff may be gone)
-select r.run_id, r.as_of, r.started_at, r.thresholds,
-       (select max(p.as_of) from document_expiry_reminder_runs p
-        where p.status = any(%(pruning_statuses)s::text[])) as pruned_as_of
+-- last_loop_cycle: the last loop cycle that finished with nothing left (succeeded)
+select r.run_id, r.as_of, r.started_at, r.thresholds
 from document_expiry_reminder_runs r
 where r.status = 'succeeded'
   and r.trigger = 'loop'
@@ -101,13 +113,15 @@ limit 1;
 
 -- latest_pruning_run: the as-of of the newest cycle that pruned (markers before its cutoff may be
 -- gone)
-select max(as_of) from document_expiry_reminder_runs where status = any(%(pruning_statuses)s::text[]);
+select max(as_of) as as_of
+from document_expiry_reminder_runs
+where status = any(%(pruning_statuses)s::text[]);
 
 -- left_behind: documents that were due at a cycle's as-of (a crossed threshold without a marker for
--- the document's current expiry date) and are still: the ones unchanged since the cycle started,
--- and a count of those changed since (excepted); an owner whose event of the run is full
--- (max_documents) legitimately has the rest left for the next cycle
-with due as (
+-- the document's current expiry date) and are still: the ones unchanged since the cycle started
+-- (a JSON array, oldest expiry first), and a count of those changed since (excepted); an owner
+-- whose event of the run is full (max_documents) legitimately has the rest left for the next cycle
+with due as materialized (
     select d.id, d.owner_user_id, d.expires_at, d.updated_at >= %(started_at)s as changed
     from person_documents d
     where d.status = 'Active'
@@ -131,14 +145,18 @@ full_owners as (
       and m.event_type = %(event_type)s
       and jsonb_array_length(m.payload -> 'documents') >= %(max_documents)s
 )
-select d.id, d.owner_user_id, (d.expires_at at time zone 'UTC')::date, d.changed
-from due d
-where d.changed
-   or d.owner_user_id::text not in (select aggregate_id from full_owners)
-order by d.changed, d.expires_at, d.id;
+select (select count(*) from due where changed) as changed_since,
+       (select coalesce(json_agg(json_build_object(
+                'document', d.id, 'owner', d.owner_user_id,
+                'expires', (d.expires_at at time zone 'UTC')::date) order by d.expires_at, d.id),
+                '[]')
+        from due d
+        where not d.changed
+          and d.owner_user_id::text not in (select aggregate_id from full_owners)) as left_behind;
 
--- waited_too_long: events of the window, and every event still waiting wherever it was written,
--- that waited (until published, or until now) longer than the bound; parked rows are listed apart
+-- relay_waits: how many events were examined (those of the window, and every event still waiting
+-- wherever it was written; parked rows are listed apart), and those that waited (until published,
+-- or until now) longer than the bound (a JSON array, oldest first)
 with candidates as (
     select m.id from outbox_messages m
     where m.created_at >= %(since)s and m.created_at <= %(until)s
@@ -151,46 +169,46 @@ with candidates as (
     select m.id from outbox_messages m
     where m.detoured_at is not null and m.published_at is null
 ),
-waits as (
+waits as materialized (
     select m.id, m.message_key, m.created_at, outbox_published_at(m) as published_at
     from outbox_messages m
     where m.id in (select id from candidates)
       and m.parked_at is null
 )
-select w.id, w.message_key, w.created_at, w.published_at,
-       extract(epoch from coalesce(w.published_at, %(now)s) - w.created_at)::float8 as waited_s,
-       (select count(*) from waits) as examined
-from waits w
-where coalesce(w.published_at, %(now)s) - w.created_at > %(bound)s::interval
-order by w.created_at, w.id;
+select (select count(*) from waits) as events,
+       (select coalesce(json_agg(json_build_object(
+                'event', w.id, 'key', w.message_key, 'created', w.created_at,
+                'published', w.published_at,
+                'waited_s', round(extract(epoch from coalesce(w.published_at, %(now)s)
+                                                     - w.created_at))::bigint)
+                order by w.created_at, w.id), '[]')
+        from waits w
+        where coalesce(w.published_at, %(now)s) - w.created_at > %(bound)s::interval
+       ) as waited_too_long;
 
--- count_window_events: how many events the window holds (what the wait check examined when nothing
--- waited too long)
-select count(*) from outbox_messages
-where created_at >= %(since)s and created_at <= %(until)s;
-
--- parked_events: every parked event (the relay gave up on it), oldest first, with its error and the
--- rows of its key held behind it
-select p.id, p.message_key, p.attempts, p.parked_at, p.last_error,
-       (select count(*) from outbox_messages b
-        where b.message_key = p.message_key
-          and b.detoured_at is not null
-          and b.published_at is null
-          and (b.txid, b.seq) > (p.txid, p.seq)) as blocked_behind,
-       count(*) over () as total
+-- parked: every parked event (the relay gave up on it), oldest first, with its error and the rows
+-- of its key held behind it (a JSON array)
+select coalesce(json_agg(json_build_object(
+           'event', p.id, 'key', p.message_key, 'attempts', p.attempts, 'parked', p.parked_at,
+           'error', p.last_error,
+           'held_behind', (select count(*) from outbox_messages b
+                           where b.message_key = p.message_key
+                             and b.detoured_at is not null
+                             and b.published_at is null
+                             and (b.txid, b.seq) > (p.txid, p.seq)))
+           order by p.parked_at, p.id), '[]') as parked
 from outbox_messages p
 where p.parked_at is not null
-  and p.published_at is null
-order by p.parked_at, p.id
-limit %(limit)s;
+  and p.published_at is null;
 
 -- window_events_for_topic: the events of the window as the topic should have them: id, key, topic,
 -- whether the table says published, in stream order (txid, seq) per key
-select m.id::text, m.message_key, m.topic, outbox_published_at(m) is not null as published
+select m.id::text as id, m.message_key as key, m.topic,
+       outbox_published_at(m) is not null as published
 from outbox_messages m
 where m.created_at >= %(since)s and m.created_at <= %(until)s
 order by m.txid, m.seq;
 
 -- events_by_id: which of these ids the outbox holds, wherever they were written (a record on the
 -- topic timestamped in the window may be a row just outside it)
-select m.id::text from outbox_messages m where m.id = any(%(ids)s::uuid[]);
+select m.id::text as id from outbox_messages m where m.id = any(%(ids)s::uuid[]);

@@ -10,7 +10,7 @@ from typing import Any
 from django.core.management.base import CommandError
 from django.db import connections
 
-from audit.checks import FINDINGS, AuditOptions, run_audit
+from audit.checks import AuditOptions, run_audit
 from audit.loop import AuditMetrics, run_audit_loop
 from audit.report import AuditReport, render_json, render_text
 from audit.topic import BrokerRefusedError, BrokerUnavailableError, TopicReader
@@ -129,7 +129,7 @@ class Command(ProjectCommand):
             server.start()
         try:
             with stop_on_signals() as stop:
-                run_audit_loop(audit_now, every, stop=stop, metrics=metrics, codes=FINDINGS,
+                run_audit_loop(audit_now, every, stop=stop, metrics=metrics,
                                failures=(*DatabaseErrors, BrokerUnavailableError,
                                          BrokerRefusedError))
         finally:
