@@ -22,6 +22,7 @@ from django.db import transaction
 from audit import findings, store
 from audit.report import AuditReport, CheckResult, Finding, Status
 from audit.topic import TopicEvent, TopicReader, reconcile
+from audit.window import audit_window
 from outbox import store as outbox_store
 from reminders import events, rules
 from reminders.config import parse_thresholds
@@ -48,7 +49,9 @@ def run_audit(options: AuditOptions, using: str = "default") -> AuditReport:
     """Every check; the database ones in one read-only snapshot, then the topic's."""
     with transaction.atomic(using=using):
         now = store.begin_snapshot(using)
-        since, notes = _window_start(options, now)
+        window = audit_window(options.as_of, options.since, now=now,
+                              outbox_retention=options.outbox_retention)
+        since = window.start
         pruned_as_of = store.latest_pruning_as_of(using)
         pruned_before = (rules.prune_cutoff(rules.utc_date(pruned_as_of), options.retention_days)
                          if pruned_as_of else None)
@@ -70,7 +73,7 @@ def run_audit(options: AuditOptions, using: str = "default") -> AuditReport:
         checks.append(CheckResult("topic", "outbox against the topic", Status.NOT_CHECKED,
                                   note="not asked (--against-topic)"))
     return AuditReport(as_of=options.as_of, since=since, database_now=now, checks=checks,
-                       notes=notes)
+                       notes=window.notes)
 
 
 def _timed(check: Callable[..., CheckResult], *args: Any) -> CheckResult:
@@ -79,28 +82,20 @@ def _timed(check: Callable[..., CheckResult], *args: Any) -> CheckResult:
     return dataclasses.replace(result, seconds=time_module.perf_counter() - started)
 
 
-def _window_start(options: AuditOptions, now: datetime) -> tuple[datetime, list[str]]:
-    """`as_of - since`, no earlier than the outbox's retention allows (older events may be
-    pruned, and their markers would look unmatched)."""
-    wanted = options.as_of - options.since
-    floor = now - options.outbox_retention
-    if wanted < floor:
-        return floor, [f"window starts at {floor.isoformat()}, not {wanted.isoformat()}: "
-                       f"events older than OUTBOX_RETENTION ({options.outbox_retention}) may "
-                       "have been pruned"]
-    return wanted, []
-
-
 # --- 1. the ledger and the outbox ----------------------------------------------------------
 
 def check_ledger_outbox(using: str, options: AuditOptions, since: datetime,
                         pruned_before: date | None) -> CheckResult:
     row = store.ledger_outbox(using, since=since, until=options.as_of,
                               pruned_before=(pruned_before or date.min).isoformat())
+    examined = {"runs": row.runs, "events": row.events, "event_items": row.event_items,
+                "notified_markers": row.notified_markers}
+    title = "ledger and outbox agree"
+    if not row.runs:
+        return CheckResult.not_checked("ledger_outbox", title, examined,
+                                       "no run notified a marker or wrote an event in the window")
     limit = options.limit
-    return CheckResult.of("ledger_outbox", "ledger and outbox agree", {
-        "runs": row.runs, "events": row.events, "event_items": row.event_items,
-        "notified_markers": row.notified_markers}, [
+    return CheckResult.of("ledger_outbox", title, examined, [
         Finding.listed(findings.MARKER_WITHOUT_EVENT, row.marker_without_event, limit),
         Finding.listed(findings.EVENT_WITHOUT_MARKER, row.event_without_marker, limit),
         Finding.listed(findings.NOTIFIED_TWICE, row.notified_twice, limit),
@@ -159,8 +154,11 @@ def check_relay_waits(using: str, options: AuditOptions, since: datetime,
                       now: datetime) -> CheckResult:
     row = store.relay_waits(using, since=since, until=options.as_of, now=now,
                             bound=options.max_wait)
-    return CheckResult.of("relay_waits", f"no event waited longer than {options.max_wait}",
-                          {"events": row.events}, [
+    title = f"no event waited longer than {options.max_wait}"
+    if not row.events:
+        return CheckResult.not_checked("relay_waits", title, {"events": 0},
+                                       "no event in the window and none waiting for the relay")
+    return CheckResult.of("relay_waits", title, {"events": row.events}, [
         Finding.listed(findings.WAITED_TOO_LONG, row.waited_too_long, options.limit),
     ])
 
@@ -185,10 +183,15 @@ def check_topic(options: AuditOptions, since: datetime, table: list[TopicEvent],
         return store.events_held(using, [i for i in ids if _is_uuid(i)])
 
     result = reconcile(table, records, in_table)
+    examined = {"published_events": sum(e.published for e in table), "records": len(records),
+                "partitions": reader.partitions_read}
+    title = "outbox against the topic"
+    if not examined["published_events"] and not records:
+        return CheckResult.not_checked("topic", title, examined,
+                                       "no event published in the window and no record in it "
+                                       "on the topic")
     limit = options.limit
-    return CheckResult.of("topic", "outbox against the topic", {
-        "published_events": sum(e.published for e in table), "records": len(records),
-        "partitions": reader.partitions_read}, [
+    return CheckResult.of("topic", title, examined, [
         Finding.listed(findings.MISSING_FROM_TOPIC, [{"event": i} for i in result.missing],
                        limit),
         Finding.listed(findings.UNKNOWN_ON_TOPIC, [{"event": i} for i in result.unknown], limit),

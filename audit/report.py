@@ -65,6 +65,12 @@ class CheckResult:
         found = [f for f in findings if f.count]
         return cls(name, title, Status.FINDINGS if found else Status.CLEAN, examined, found, note)
 
+    @classmethod
+    def not_checked(cls, name: str, title: str, examined: dict[str, int],
+                    reason: str) -> "CheckResult":
+        """A check with nothing to examine: it says why, and is never clean."""
+        return cls(name, title, Status.NOT_CHECKED, examined, note=reason)
+
 
 @dataclass(frozen=True, slots=True)
 class AuditReport:
@@ -77,6 +83,20 @@ class AuditReport:
     @property
     def findings(self) -> int:
         return sum(f.count for c in self.checks for f in c.findings)
+
+    @property
+    def not_checked(self) -> list[str]:
+        return [c.name for c in self.checks if c.status is Status.NOT_CHECKED]
+
+    @property
+    def verdict(self) -> str:
+        """The last line: clean only when every check ran and found nothing."""
+        if self.findings:
+            return f"audit found {self.findings} finding(s)"
+        if self.not_checked:
+            return (f"audit found nothing in {len(self.checks) - len(self.not_checked)} of "
+                    f"{len(self.checks)} checks; not checked: {', '.join(self.not_checked)}")
+        return "audit clean: no findings"
 
     def check(self, name: str) -> CheckResult:
         return next(c for c in self.checks if c.name == name)
@@ -91,6 +111,8 @@ class AuditReport:
             "since": self.since.isoformat(),
             "database_now": self.database_now.isoformat(),
             "findings": self.findings,
+            "not_checked": self.not_checked,
+            "verdict": self.verdict,
             "notes": self.notes,
             "checks": [{"name": c.name, "title": c.title, "status": str(c.status),
                         "examined": c.examined, "note": c.note, "seconds": round(c.seconds, 3),
@@ -123,7 +145,5 @@ def render_text(report: AuditReport) -> str:
             if f.ids:
                 lines.append(f"      ids{shown}: {_ids(f.ids)}")
             lines.append(f"      do: {f.action} ({f.runbook})")
-    total = report.findings
-    lines.append("audit clean: no findings" if total == 0
-                 else f"audit found {total} finding(s)")
+    lines.append(report.verdict)
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from audit.checks import AuditOptions, run_audit
 from audit.report import AuditReport, Status
 from audit.topic import TopicReader
+from audit.window import WindowError
 from core.roles import AUDITOR_ROLE
 from outbox.relay import Relay
 from reminders import events
@@ -43,11 +44,13 @@ def position_restored(transactional_db: None) -> Iterator[None]:
         tuple(saved))
 
 
-def audit(*, topic: TansuBroker | None = None, **options: Any) -> AuditReport:
-    """The audit as of now, as the auditor's role."""
+def audit(*, topic: TansuBroker | None = None, as_of: datetime | None = None,
+          **options: Any) -> AuditReport:
+    """The audit as of now (or `as_of`), as the auditor's role."""
     reader = TopicReader(relay_settings(topic.bootstrap_servers), timeout_s=30) if topic else None
     with as_role(AUDITOR_ROLE):
-        return run_audit(AuditOptions(as_of=datetime.now(UTC), topic_reader=reader, **options))
+        return run_audit(AuditOptions(as_of=as_of or datetime.now(UTC), topic_reader=reader,
+                                      **options))
 
 
 def found(report: AuditReport) -> dict[str, int]:
@@ -332,6 +335,68 @@ def test_a_position_ahead_of_the_clusters_ids_is_found(
     assert found(audit()) == {"position_ahead": 1}
 
 
+# --- what the audit could not check -------------------------------------------------------
+
+@pytest.mark.parametrize(("as_of_ago", "since", "why"), [
+    (timedelta(days=10), timedelta(days=7), "is at or before"),  # starts after it ends
+    (timedelta(days=8), timedelta(days=1), "is at or before"),  # wholly older than retention
+    (timedelta(0), timedelta(0), "is empty"),
+], ids=["inverted", "wholly-pruned", "empty"])
+def test_a_window_with_nothing_left_to_audit_is_refused_not_clean(
+    run: CycleRunner, documents: Documents, as_of_ago: timedelta, since: timedelta, why: str
+) -> None:
+    some_documents(documents)
+    loop_cycle(run)
+
+    with pytest.raises(WindowError, match=f"nothing to audit: .*{why}.*; pass an? --"):
+        audit(as_of=datetime.now(UTC) - as_of_ago, since=since,
+              outbox_retention=timedelta(days=7))
+
+
+def test_a_window_partly_older_than_the_retention_is_cut_and_says_so(
+    run: CycleRunner, documents: Documents
+) -> None:
+    some_documents(documents)
+    loop_cycle(run)
+
+    report = audit(since=timedelta(days=30), outbox_retention=timedelta(days=7))
+
+    [note] = report.notes
+    assert note.startswith(f"window starts at {report.since.isoformat()}")
+    assert report.database_now - report.since == timedelta(days=7)
+    assert report.check("ledger_outbox").status is Status.CLEAN
+
+
+def test_checks_with_nothing_to_examine_are_not_checked_with_their_reason(
+    transactional_db: None
+) -> None:
+    report = audit()
+
+    not_checked = {c.name: c.note for c in report.checks if c.status is Status.NOT_CHECKED}
+    assert not_checked == {
+        "ledger_outbox": "no run notified a marker or wrote an event in the window",
+        "left_behind": "no succeeded loop cycle in the run history",
+        "relay_waits": "no event in the window and none waiting for the relay",
+        "topic": "not asked (--against-topic)",
+    }
+    assert report.check("ledger_outbox").examined["runs"] == 0
+    assert report.findings == 0
+    assert report.verdict == ("audit found nothing in 2 of 6 checks; not checked: "
+                              "ledger_outbox, left_behind, relay_waits, topic")
+    assert "clean" not in report.verdict
+
+
+@pytest.mark.slow
+def test_the_topic_is_not_checked_when_neither_side_has_anything_in_the_window(
+    transactional_db: None, tansu: TansuBroker
+) -> None:
+    topic = audit(topic=tansu).check("topic")
+
+    assert topic.status is Status.NOT_CHECKED
+    assert topic.note == "no event published in the window and no record in it on the topic"
+    assert topic.examined["records"] == 0 and topic.examined["published_events"] == 0
+
+
 # --- the command ---------------------------------------------------------------------------
 
 def audit_command(*args: str, **env: str) -> Any:
@@ -355,7 +420,8 @@ def test_the_command_exits_0_clean_1_with_findings_and_prints_json(
     dirty = audit_command("--format", "json")
     assert dirty.returncode == 1, dirty.stderr
     body = json.loads(dirty.stdout)
-    assert body["findings"] == 1
+    assert body["findings"] == 1 and body["not_checked"] == ["topic"]
+    assert body["verdict"] == "audit found 1 finding(s)"
     [ledger] = [c for c in body["checks"] if c["name"] == "ledger_outbox"]
     [finding] = ledger["findings"]
     assert finding["code"] == "marker_without_event"
@@ -366,6 +432,34 @@ def test_the_command_exits_0_clean_1_with_findings_and_prints_json(
     text = audit_command()
     assert text.returncode == 1
     assert "marker_without_event: 1" in text.stdout and "do: " in text.stdout
+
+
+def test_the_command_refuses_an_as_of_older_than_the_retention_with_exit_2_and_one_line(
+    run: CycleRunner, documents: Documents
+) -> None:
+    some_documents(documents)
+    loop_cycle(run)
+    as_of = (datetime.now(UTC) - timedelta(days=30)).date().isoformat()
+
+    refused = audit_command("--as-of", as_of, OUTBOX_RETENTION="7d")
+
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stdout == ""  # no report, no verdict: nothing was audited
+    [line] = refused.stderr.strip().splitlines()
+    assert f"nothing to audit: --as-of {as_of}T00:00:00+00:00 is at or before" in line
+    assert "OUTBOX_RETENTION (7 days, 0:00:00)" in line and "pass an --as-of after" in line
+
+
+def test_the_command_with_nothing_to_examine_exits_0_and_never_says_clean(
+    transactional_db: None
+) -> None:
+    done = audit_command()
+
+    assert done.returncode == 0, done.stderr
+    assert "[not checked] ledger and outbox agree: 0 runs" in done.stdout
+    assert "no run notified a marker or wrote an event in the window" in done.stdout
+    assert done.stdout.splitlines()[-1].startswith("audit found nothing in 2 of 6 checks;")
+    assert "clean: no findings" not in done.stdout
 
 
 def test_the_command_exits_2_on_bad_configuration(transactional_db: None) -> None:

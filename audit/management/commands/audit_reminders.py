@@ -14,6 +14,7 @@ from audit.checks import AuditOptions, run_audit
 from audit.loop import AuditMetrics, run_audit_loop
 from audit.report import AuditReport, render_json, render_text
 from audit.topic import BrokerRefusedError, BrokerUnavailableError, TopicReader
+from audit.window import WindowError
 from core.commands import (
     EXIT_FAILED,
     EXIT_UNAVAILABLE,
@@ -38,7 +39,10 @@ class Command(ProjectCommand):
         "(--since before --as-of), nothing due left behind by the last succeeded loop cycle, "
         "the relay's position (its cluster), waits and parked events, and with "
         "--against-topic the outbox against Kafka (the relay's KAFKA_* settings). Exit codes: "
-        "0 clean, 1 findings, 2 bad configuration or usage, 3 database or broker unavailable."
+        "0 no findings (clean when every check ran; a check with nothing to examine says "
+        "'not checked' and why), 1 findings, 2 bad configuration or usage (a window with "
+        "nothing left to audit: an --as-of older than OUTBOX_RETENTION), 3 database or broker "
+        "unavailable."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -98,6 +102,8 @@ class Command(ProjectCommand):
             failure = classify_on(exc, "default")
             code = EXIT_USAGE if failure.kind is FailureKind.MISSING else EXIT_UNAVAILABLE
             raise CommandError(f"audit failed: {failure.reason}", returncode=code) from None
+        except WindowError as exc:
+            raise usage_error(str(exc)) from None
         except BrokerRefusedError as exc:
             raise CommandError(f"audit failed: {exc}", returncode=EXIT_USAGE) from None
         except BrokerUnavailableError as exc:
