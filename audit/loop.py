@@ -1,6 +1,6 @@
 """`audit_reminders --loop`: the audit once per interval, its last findings per check as
 metrics on METRICS_ADDR (docs/operations.md, "Auditing the reminders"; the alert
-DocumentExpiryReminderAuditFindings)."""
+DocumentExpiryReminderAuditFindings), a failure retried with backoff (core.supervise)."""
 
 import contextlib
 import logging
@@ -15,6 +15,7 @@ from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 from audit.findings import CODES
 from audit.report import AuditReport, Status
 from core.logs import log_event
+from core.supervise import Backoff, Wait, supervise
 
 logger = logging.getLogger("audit.loop")
 
@@ -53,21 +54,26 @@ class AuditMetrics:
         self.last_completed.set(time.time())
 
 
-def run_audit_loop(audit: Callable[[], AuditReport], every: timedelta, *, stop: threading.Event,
-                   metrics: AuditMetrics,
-                   failures: tuple[type[BaseException], ...]) -> None:
-    """Audit now, then once per `every`, until `stop`; a failure (one of `failures`) is
-    logged and counted, and the next audit is at the next interval."""
-    while not stop.is_set():
-        try:
-            report = audit()
-        except failures as exc:
-            metrics.failures.inc()
-            log_event(logger, logging.ERROR, "audit failed", error=str(exc).splitlines()[0])
-        else:
-            metrics.record(report)
-            log_event(logger, logging.WARNING if report.findings else logging.INFO,
-                      "audit completed", findings=report.findings,
-                      by_check={c.name: sum(f.count for f in c.findings) for c in report.checks
-                                if c.status is not Status.NOT_CHECKED})
-        stop.wait(every.total_seconds())
+def run_audit_loop(audit: Callable[[], AuditReport], *, every: timedelta, backoff: Backoff,
+                   stop: threading.Event, metrics: AuditMetrics,
+                   failures: tuple[type[BaseException], ...], wait: Wait | None = None) -> None:
+    """Audit now, then once per `every`, until `stop`. A failure (one of `failures`) is logged
+    and counted, and the audit retried after the backoff's wait (core.supervise)."""
+    wait = wait or stop.wait
+
+    def step() -> None:
+        report = audit()
+        backoff.succeeded()
+        metrics.record(report)
+        log_event(logger, logging.WARNING if report.findings else logging.INFO,
+                  "audit completed", findings=report.findings,
+                  by_check={c.name: sum(f.count for f in c.findings) for c in report.checks
+                            if c.status is not Status.NOT_CHECKED})
+        wait(every.total_seconds())
+
+    def failed(exc: BaseException, attempt: int, delay: float) -> None:
+        metrics.failures.inc()
+        log_event(logger, logging.ERROR, "audit failed", error=str(exc).splitlines()[0],
+                  attempt=attempt, retry_in_s=round(delay, 1))
+
+    supervise(step, stop=stop, backoff=backoff, retry_on=failures, kind="audit", said=failed)

@@ -91,12 +91,14 @@ grant select on profile.django_content_type, profile.auth_permission to pin_admi
 
 -- The audit (manage.py audit_reminders): reads, never writes. Of person_documents what the
 -- left-behind check filters on (never payload_cipher or number_mask); the ledger, the run
--- history, the outbox and the relay's state whole. Its sessions are read-only as well.
+-- history, the outbox (and its states, for the backlog gauges its --loop serves) and the
+-- relay's state whole. Its sessions are read-only as well.
 grant usage on schema profile to pin_reminder_auditor;
 revoke all on profile.person_documents from pin_reminder_auditor;
 grant select (id, owner_user_id, expires_at, status, deleted_at, updated_at)
     on profile.person_documents to pin_reminder_auditor;
 grant select on profile.document_expiry_reminders, profile.document_expiry_reminder_runs,
-    profile.outbox_messages, profile.outbox_relay_position, profile.outbox_relay_batches
+    profile.outbox_messages, profile.outbox_relay_position, profile.outbox_relay_batches,
+    profile.outbox_message_states
     to pin_reminder_auditor;
 alter role pin_reminder_auditor set default_transaction_read_only = on;

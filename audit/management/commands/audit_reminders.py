@@ -27,10 +27,11 @@ from core.config import parse_duration, parse_positive_int
 from core.db import DatabaseErrors
 from core.failures import FailureKind, classify_on
 from core.health import Heartbeat, database_ready
-from core.ops_server import Probes, ops_server_from_env
+from core.ops_server import Probes, operations_server
+from core.supervise import Backoff
 from outbox.config import load_relay_settings
 from reminders.cli import parse_as_of
-from reminders.config import load_settings
+from reminders.config import ReminderSettings, load_settings
 
 
 class Command(ProjectCommand):
@@ -91,12 +92,12 @@ class Command(ProjectCommand):
                 "--kafka-timeout", options["kafka_timeout"]).total_seconds())
             if options["against_topic"] else None,
         )
-        if options["loop"]:
-            every = (parse_duration("--every", options["every"]) if options["every"]
-                     else settings.polling_interval)
-            self._loop(audit, every)
-            return
+        every = (parse_duration("--every", options["every"]) if options["every"]
+                 else settings.polling_interval)
         try:
+            if options["loop"]:
+                self._loop(audit, every, settings)
+                return
             report = run_audit(audit)
         except DatabaseErrors as exc:
             failure = classify_on(exc, "default")
@@ -114,12 +115,12 @@ class Command(ProjectCommand):
             raise CommandError(f"audit found {report.findings} finding(s)",
                                returncode=EXIT_FAILED)
 
-    def _loop(self, audit: AuditOptions, every: timedelta) -> None:
+    def _loop(self, audit: AuditOptions, every: timedelta, settings: ReminderSettings) -> None:
         """--loop, with METRICS_ADDR's /metrics, /healthz (an audit within two intervals, or
-        its failure) and /readyz (the database answers)."""
+        its failure) and /readyz (the database answers) (core.ops_server); a failure backs off
+        from REMINDER_BACKOFF_INITIAL, never longer than an interval (core.supervise)."""
         beat = Heartbeat(timeout=2 * every + timedelta(minutes=10))
         metrics = AuditMetrics()
-        server = ops_server_from_env(os.environ, Probes(beat.liveness, database_ready))
 
         def audit_now() -> AuditReport:
             beat.beat()
@@ -131,14 +132,10 @@ class Command(ProjectCommand):
             finally:
                 beat.beat()
 
-        if server is not None:
-            server.start()
-        try:
-            with stop_on_signals() as stop:
-                run_audit_loop(audit_now, every, stop=stop, metrics=metrics,
-                               failures=(*DatabaseErrors, BrokerUnavailableError,
-                                         BrokerRefusedError))
-        finally:
-            if server is not None:
-                server.stop()
-
+        with (operations_server(os.environ, Probes(beat.liveness, database_ready)),
+              stop_on_signals() as stop):
+            backoff = Backoff(settings.backoff_initial, min(settings.backoff_max, every),
+                              wait=stop.wait)
+            run_audit_loop(audit_now, every=every, backoff=backoff, stop=stop, metrics=metrics,
+                           failures=(*DatabaseErrors, BrokerUnavailableError,
+                                     BrokerRefusedError))
