@@ -1,6 +1,6 @@
 """The operations HTTP server of the long-running commands: `/metrics` (Prometheus),
 `/healthz` (liveness) and `/readyz` (readiness), on METRICS_ADDR (unset = no server).
-`operations_server` is the one wiring both `--loop`s use.
+`operations_server` is the one wiring every `--loop` uses (the worker's, the relay's, the audit's).
 
 It runs on daemon threads beside the loop; each request is answered on its own thread.
 """

@@ -1,7 +1,7 @@
-"""One supervised retry loop for both long-running processes (the worker's `--loop` and the
-relay's): a step run until stop, each consecutive failure of a kind waited out with a backoff
-doubling from `initial` to `cap`, jittered so that a fleet does not retry in lockstep
-(backoff_delay). Its clock, wait and randomness are arguments, for the tests."""
+"""One supervised retry loop for the long-running processes (the `--loop` of the worker, the
+relay and the audit): a step run until stop, each consecutive failure of a kind waited out
+with a backoff doubling from `initial` to `cap`, jittered so that a fleet does not retry in
+lockstep (backoff_delay). Its clock, wait and randomness are arguments, for the tests."""
 
 import functools
 import random
