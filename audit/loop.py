@@ -12,7 +12,7 @@ from datetime import timedelta
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge
 
-from audit.findings import CODES
+from audit.findings import codes_of
 from audit.report import AuditReport, Status
 from core.logs import log_event
 from core.supervise import Backoff, Wait, supervise
@@ -43,9 +43,7 @@ class AuditMetrics:
         """Every finding of every check that ran, 0 when clean; a check not run is dropped."""
         for check in report.checks:
             counts = {f.code: f.count for f in check.findings}
-            for kind in CODES:
-                if kind.check != check.name:
-                    continue
+            for kind in codes_of(check.name):
                 if check.status is Status.NOT_CHECKED:
                     with contextlib.suppress(KeyError):  # never set
                         self.findings.remove(check.name, kind.code)
