@@ -1,6 +1,6 @@
-"""The relay on real PostgreSQL and librdkafka's mock cluster: publish and read back, one
-leading relay and a standby taking over, order per key, reads, a late commit, wake-up,
-retention."""
+"""The relay on real PostgreSQL and librdkafka's mock cluster: publish and read back (on Tansu
+too), one leading relay and a standby taking over, order per key, reads, a late commit,
+wake-up, retention."""
 
 import json
 import logging
@@ -22,6 +22,7 @@ from outbox.relay import Relay
 from outbox.wakeup import Wakeup
 from reminders import events
 from tests.conftest import CycleRunner, test_database_url
+from tests.support import chaos_report
 from tests.support.contract import assert_event_valid
 from tests.support.db_roles import as_role
 from tests.support.factories import Documents
@@ -41,11 +42,16 @@ from tests.support.relay_support import (
     unpublished_count,
     wait_for,
 )
+from tests.support.tansu_support import tansu_version
 
 
-def test_events_reach_the_topic_with_key_payload_and_headers_intact(
-    run: CycleRunner, documents: Documents, kafka: MockKafkaCluster
+@pytest.mark.parametrize("broker", ["kafka", pytest.param("tansu", marks=pytest.mark.slow)])
+def test_events_reach_the_topic_with_key_payload_headers_and_the_contract_intact(
+    run: CycleRunner, documents: Documents, broker: str, request: pytest.FixtureRequest
 ) -> None:
+    """On librdkafka's mock cluster and on Tansu, a broker process that validates every value
+    against the contract in its schema registry."""
+    bootstrap_servers: str = request.getfixturevalue(broker).bootstrap_servers
     for days in (29, 6, 6, 0, -2):
         documents(expires_at=expiring_in(days))
     shared = documents(expires_at=expiring_in(3))
@@ -58,10 +64,10 @@ def test_events_reach_the_topic_with_key_payload_and_headers_intact(
     assert len(rows) == 6
 
     with as_relay():
-        stats = Relay(relay_settings(kafka.bootstrap_servers)).run_pass()
+        stats = Relay(relay_settings(bootstrap_servers)).run_pass()
 
     assert stats.published == 6 and stats.failed == stats.released == 0
-    records = read_topic(kafka.bootstrap_servers)
+    records = read_topic(bootstrap_servers)
     assert sorted(r.message_id for r in records) == sorted(rows)
     for record in records:
         row_id, key, payload, headers, created_at = rows[record.message_id]
@@ -82,6 +88,9 @@ def test_events_reach_the_topic_with_key_payload_and_headers_intact(
     # Published in the stream: by the position, with no row written after the insert.
     assert all(r["published_at"] is not None and r["attempts"] == 0 and r["detoured_at"] is None
                for r in outbox_state())
+    if broker == "tansu":
+        chaos_report.record("relay on Tansu: round trip", broker=tansu_version(), events=6,
+                            headers_checked=6 * len(records[0].headers), contract_valid=6)
 
 
 def test_one_relay_leads_and_a_standby_takes_over_when_its_session_dies_order_per_key_holds(

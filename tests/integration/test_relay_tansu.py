@@ -1,7 +1,8 @@
 """The relay against an independent broker process: Tansu (tests/support/tansu_support.py), with the
 event contract in its schema registry so the broker itself validates every value. What
 librdkafka's in-process mock cannot show: a real socket to another process, a broker that
-validates records, and a broker that dies (SIGKILL, memory lost) and comes back on its port."""
+validates records, and a broker that dies (SIGKILL, memory lost) and comes back on its port.
+The round trip runs on both brokers in test_relay.py."""
 
 import json
 import signal
@@ -20,11 +21,7 @@ from devtools.topic import Record, read_topic
 from outbox.relay import Relay
 from reminders import events
 from tests.acceptance.test_relay_process import relay_env, start_relay
-from tests.conftest import CycleRunner
 from tests.support import chaos_report
-from tests.support.contract import assert_event_valid
-from tests.support.factories import Documents
-from tests.support.ledger import AS_OF, expiring_in
 from tests.support.relay_support import (
     BASE_TIME,
     RelayThread,
@@ -38,45 +35,9 @@ from tests.support.relay_support import (
     unpublished_count,
     wait_for,
 )
-from tests.support.tansu_support import TansuBroker, tansu_version
+from tests.support.tansu_support import TansuBroker
 
 pytestmark = pytest.mark.slow
-
-
-def test_round_trip_through_tansu_keeps_key_headers_and_the_contract(
-    run: CycleRunner, documents: Documents, tansu: TansuBroker
-) -> None:
-    for days in (29, 6, 6, 0, -2):
-        documents(expires_at=expiring_in(days))
-    shared = documents(expires_at=expiring_in(3))
-    documents(expires_at=expiring_in(1), owner_user_id=shared.owner_user_id)
-    run(AS_OF)
-    with connection.cursor() as cursor:
-        cursor.execute("select id, message_key, payload::text, headers::text, created_at"
-                       " from outbox_messages")
-        rows = {str(r[0]): r for r in cursor.fetchall()}
-    assert len(rows) == 6
-
-    with as_relay():
-        stats = Relay(relay_settings(tansu.bootstrap_servers)).run_pass()
-
-    assert stats.published == 6 and stats.failed == stats.released == 0
-    records = read_topic(tansu.bootstrap_servers)
-    assert sorted(r.message_id for r in records) == sorted(rows)
-    for record in records:
-        row_id, key, payload, headers, created_at = rows[record.message_id]
-        body = record.json()
-        assert_event_valid(body)  # and the broker validated it against the same schema
-        assert body == json.loads(payload)
-        assert record.key == key == body["ownerUserId"]
-        assert record.headers == {**json.loads(headers), "aggregate_type": events.AGGREGATE_TYPE,
-                                  "aggregate_id": key}
-        assert record.headers["message_id"] == str(row_id)
-        assert record.timestamp_ms == int(created_at.timestamp() * 1000)
-    [two_documents] = [r.json() for r in records if r.key == str(shared.owner_user_id)]
-    assert len(two_documents["documents"]) == 2
-    chaos_report.record("relay on Tansu: round trip", broker=tansu_version(), events=6,
-                        headers_checked=6 * len(records[0].headers), contract_valid=6)
 
 
 def test_tansu_refuses_an_event_that_breaks_the_contract_and_the_relay_counts_it(
