@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from core.db import raw_connection
 from reminders.events import DOCUMENT_TYPES
@@ -22,19 +23,23 @@ COPY_COLUMNS = (
 
 
 @dataclass(frozen=True, slots=True)
-class DemoDocument:
+class PersonDocument:
+    """One person_documents row, as the demo data and the tests write it (updated_at is
+    created_at)."""
+
     id: uuid.UUID
     owner_user_id: uuid.UUID
     person_id: uuid.UUID
     type: str
     number_mask: str | None
     expires_at: datetime | None
-    status: str
-    deleted_at: datetime | None
-    payload_cipher: bytes
-    created_at: datetime
+    status: str = "Active"
+    deleted_at: datetime | None = None
+    payload_cipher: bytes = b"\x00secret"
+    created_at: datetime = datetime(2020, 1, 1, tzinfo=UTC)
 
-    def as_copy_row(self) -> tuple[object, ...]:
+    def as_copy_row(self) -> tuple[Any, ...]:
+        """The row in COPY_COLUMNS order."""
         return (
             self.id, self.owner_user_id, self.person_id, self.type, self.number_mask,
             self.expires_at, self.status, self.deleted_at, self.payload_cipher,
@@ -47,7 +52,7 @@ def random_mask(rng: random.Random) -> str:
     return f"{rng.randint(10, 99)} ** ****{rng.randint(10, 99)}"
 
 
-def demo_documents(owners: int, today: datetime, rng: random.Random) -> Iterator[DemoDocument]:
+def demo_documents(owners: int, today: datetime, rng: random.Random) -> Iterator[PersonDocument]:
     """Several documents per owner, expiring from long past to years ahead; some without
     expiry, some archived or soft-deleted."""
     for _ in range(owners):
@@ -65,7 +70,7 @@ def demo_documents(owners: int, today: datetime, rng: random.Random) -> Iterator
                                             minutes=rng.randint(0, 1439))
             status = "Archived" if rng.random() < 0.07 else "Active"
             deleted = today - timedelta(days=rng.randint(1, 300)) if rng.random() < 0.05 else None
-            yield DemoDocument(
+            yield PersonDocument(
                 id=uuid.UUID(int=rng.getrandbits(128), version=4),
                 owner_user_id=owner,
                 person_id=person,

@@ -12,11 +12,12 @@ from django.db import connection
 from psycopg import errors
 
 from core.roles import WORKER_ROLE
+from devtools.demo_data import PersonDocument
 from tests.acceptance.test_relay_process import relay_env, run_relay
 from tests.conftest import test_database_url
 from tests.support import chaos_report
 from tests.support.chaos import Worker, iso
-from tests.support.factories import Documents, DocumentSpec, insert_documents
+from tests.support.factories import Documents, insert_documents
 from tests.support.invariants import check_invariants, documents_md5
 from tests.support.ledger import day
 from tests.support.reference import ReferenceLedger, documents_from_database
@@ -72,10 +73,10 @@ def test_worker_role_cannot_read_the_cipher_or_write_documents_yet_a_cycle_succe
 def test_a_full_run_at_debug_logs_no_mask_payload_or_cipher(documents: Documents) -> None:
     owners = [uuid.uuid4() for _ in range(30)]
     specs = [
-        DocumentSpec(id=uuid.uuid4(), owner_user_id=owners[i % 30], person_id=uuid.uuid4(),
-                     type="Passport", number_mask=f"MASK{i:03d}-{uuid.uuid4().hex[:8]}",
-                     expires_at=day(i % 40 - 5),
-                     payload_cipher=f"PAYLOAD-SECRET-{uuid.uuid4().hex}".encode())
+        PersonDocument(id=uuid.uuid4(), owner_user_id=owners[i % 30], person_id=uuid.uuid4(),
+                       type="Passport", number_mask=f"MASK{i:03d}-{uuid.uuid4().hex[:8]}",
+                       expires_at=day(i % 40 - 5),
+                       payload_cipher=f"PAYLOAD-SECRET-{uuid.uuid4().hex}".encode())
         for i in range(120)
     ]
     insert_documents(specs)

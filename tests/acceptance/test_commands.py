@@ -11,22 +11,23 @@ from itertools import pairwise
 import pytest
 from django.db import connection
 
+from devtools.demo_data import PersonDocument
 from tests.conftest import command_env
 from tests.support.chaos import cycles_start_together
 from tests.support.chaos_proxy import refused_port
-from tests.support.factories import Documents, DocumentSpec, insert_documents
+from tests.support.factories import Documents, insert_documents
 from tests.support.ledger import events, expiring_in, markers, real_today, run_statuses
 from tests.support.processes import Command, run_command
 
 AS_OF_ARG = "2026-11-29T03:00:00Z"
 
 
-def _owners_with_documents(owners: int, per_owner: int, days: tuple[int, ...]) -> list[DocumentSpec]:
+def _owners_with_documents(owners: int, per_owner: int, days: tuple[int, ...]) -> list[PersonDocument]:
     specs = []
     for index in range(owners):
         owner = uuid.uuid4()
         for n in range(per_owner):
-            specs.append(DocumentSpec(
+            specs.append(PersonDocument(
                 id=uuid.uuid4(), owner_user_id=owner, person_id=owner, type="Visa",
                 number_mask=f"12 ** ****{n:02d}",
                 expires_at=expiring_in(days[(index + n) % len(days)]),

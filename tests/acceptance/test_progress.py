@@ -12,9 +12,10 @@ import pytest
 from django.db import connection
 
 from core.roles import RELAY_ROLE
+from devtools.demo_data import PersonDocument
 from devtools.mock_kafka import MockKafkaCluster
 from tests.conftest import command_env
-from tests.support.factories import Documents, DocumentSpec, insert_documents
+from tests.support.factories import Documents, insert_documents
 from tests.support.ledger import expiring_in
 from tests.support.processes import run_command
 from tests.support.relay_support import BASE_TIME, insert_outbox
@@ -36,9 +37,9 @@ def _one_document_per_owner(owners: int = OWNERS) -> None:
     specs = []
     for n in range(owners):
         owner = uuid.uuid4()
-        specs.append(DocumentSpec(id=uuid.uuid4(), owner_user_id=owner, person_id=owner,
-                                  type="Visa", number_mask=f"12 ** ****{n:02d}",
-                                  expires_at=expiring_in(5)))
+        specs.append(PersonDocument(id=uuid.uuid4(), owner_user_id=owner, person_id=owner,
+                                    type="Visa", number_mask=f"12 ** ****{n:02d}",
+                                    expires_at=expiring_in(5)))
     insert_documents(specs)
 
 

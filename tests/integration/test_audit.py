@@ -19,6 +19,7 @@ from audit.report import AuditReport, Status
 from audit.topic import TopicReader
 from audit.window import WindowError
 from core.roles import AUDITOR_ROLE
+from devtools.demo_data import PersonDocument
 from outbox.relay import Relay
 from reminders import events
 from tests.acceptance.test_kafka_security import tls_env
@@ -26,7 +27,7 @@ from tests.acceptance.test_relay_process import run_relay
 from tests.conftest import CycleRunner, command_env
 from tests.support.db_roles import as_role
 from tests.support.exported_metrics import scrape_process
-from tests.support.factories import Documents, DocumentSpec
+from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, day, expiring_in
 from tests.support.processes import run_command
 from tests.support.relay_support import as_relay, insert_outbox, interleaved_rows, relay_settings
@@ -73,7 +74,7 @@ def loop_cycle(run: CycleRunner, as_of: datetime = AS_OF) -> Any:
     return run(as_of, tick=as_of)
 
 
-def some_documents(documents: Documents) -> list[DocumentSpec]:
+def some_documents(documents: Documents) -> list[PersonDocument]:
     made = [documents(expires_at=expiring_in(days)) for days in (29, 6, 0, -3)]
     shared = documents(expires_at=expiring_in(3))
     made += [shared, documents(expires_at=expiring_in(1), owner_user_id=shared.owner_user_id)]

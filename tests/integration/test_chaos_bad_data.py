@@ -9,12 +9,13 @@ from typing import Any
 
 from django.db import connection
 
+from devtools.demo_data import PersonDocument
 from reminders.config import DEFAULT_THRESHOLDS
 from reminders.events import MAX_DOCUMENTS_PER_EVENT
 from reminders.models import ReminderRun
 from tests.conftest import CycleRunner
 from tests.support import chaos_report
-from tests.support.factories import Documents, DocumentSpec, insert_documents
+from tests.support.factories import Documents, insert_documents
 from tests.support.invariants import check_invariants, documents_md5, snapshot, tally
 from tests.support.ledger import AS_OF, TODAY, day, events_for
 from tests.support.reference import ReferenceLedger, documents_from_database
@@ -26,14 +27,14 @@ OFFSETS = [timedelta(hours=h, minutes=m) for h, m in
            ((-12, 0), (-9, -30), (-5, 0), (0, 0), (3, 0), (5, 45), (14, 0))]
 
 
-def spec(owner: uuid.UUID, expires_at: datetime | None, **fields: object) -> DocumentSpec:
+def spec(owner: uuid.UUID, expires_at: datetime | None, **fields: object) -> PersonDocument:
     values: dict[str, object] = {"type": "Passport", "number_mask": "45 ** ****12",
                                  "payload_cipher": uuid.uuid4().bytes, **fields}
-    return DocumentSpec(id=uuid.uuid4(), owner_user_id=owner, person_id=uuid.uuid4(),
-                        expires_at=expires_at, **values)  # type: ignore[arg-type]
+    return PersonDocument(id=uuid.uuid4(), owner_user_id=owner, person_id=uuid.uuid4(),
+                          expires_at=expires_at, **values)  # type: ignore[arg-type]
 
 
-def odd_documents() -> list[DocumentSpec]:
+def odd_documents() -> list[PersonDocument]:
     docs = []
     owner = uuid.uuid4
     for i, kind in enumerate(ODD_TYPES):

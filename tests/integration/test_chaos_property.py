@@ -13,9 +13,10 @@ from django.db import connection
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devtools.demo_data import PersonDocument
 from tests.conftest import CycleRunner
 from tests.support import chaos_report
-from tests.support.factories import Documents, DocumentSpec, insert_documents
+from tests.support.factories import Documents, insert_documents
 from tests.support.invariants import check_audit, check_invariants, documents_md5, snapshot, tally
 from tests.support.ledger import AS_OF
 from tests.support.reference import ReferenceLedger, documents_from_database
@@ -23,7 +24,7 @@ from tests.support.reference import ReferenceLedger, documents_from_database
 OWNERS = [uuid.UUID(int=i + 1, version=4) for i in range(4)]
 
 document_specs = st.builds(
-    lambda owner, days, minute, offset_h, status, deleted, no_expiry, mask: DocumentSpec(
+    lambda owner, days, minute, offset_h, status, deleted, no_expiry, mask: PersonDocument(
         id=uuid.uuid4(), owner_user_id=OWNERS[owner], person_id=uuid.uuid4(), type="Visa",
         number_mask=mask,
         expires_at=None if no_expiry else datetime.combine(
@@ -51,7 +52,7 @@ daily_runs = st.lists(
     min_size=1, max_size=5)
 
 
-def change_expiries(specs: list[DocumentSpec], changes: list[tuple[int, int, int]]) -> int:
+def change_expiries(specs: list[PersonDocument], changes: list[tuple[int, int, int]]) -> int:
     """Move the chosen documents' expiry (as the profile service would; one without an
     expiry gets one near AS_OF); how many changes."""
     if not specs:
@@ -79,7 +80,7 @@ def reset_tables() -> None:
 @given(specs=st.lists(document_specs, max_size=20), runs=daily_runs,
        retention=st.sampled_from([90, 10]))
 def test_random_documents_and_daily_runs_match_the_reference_model(
-    run: CycleRunner, documents: Documents, specs: list[DocumentSpec],
+    run: CycleRunner, documents: Documents, specs: list[PersonDocument],
     runs: list[tuple[int, tuple[int, ...], int, int, list[tuple[int, int, int]]]],
     retention: int,
 ) -> None:

@@ -12,9 +12,10 @@ from itertools import chain, combinations
 import pytest
 from django.db import connection
 
+from devtools.demo_data import PersonDocument
 from reminders import rules
 from tests.conftest import CycleRunner
-from tests.support.factories import Documents, DocumentSpec
+from tests.support.factories import Documents
 from tests.support.invariants import check_matches_model
 from tests.support.ledger import AS_OF, TODAY, Marker, events, expiring_in
 from tests.support.reference import ReferenceLedger, RefMarker, documents_from_database
@@ -29,7 +30,7 @@ def _subsets(values: tuple[int, ...]) -> list[tuple[int, ...]]:
     return list(chain.from_iterable(combinations(values, n) for n in range(len(values) + 1)))
 
 
-def _insert_markers(doc: DocumentSpec, markers: dict[int, date]) -> None:
+def _insert_markers(doc: PersonDocument, markers: dict[int, date]) -> None:
     with connection.cursor() as cursor:
         for threshold, expires_on in markers.items():
             cursor.execute(
@@ -41,7 +42,7 @@ def _insert_markers(doc: DocumentSpec, markers: dict[int, date]) -> None:
             )
 
 
-def _current(doc: DocumentSpec, thresholds: tuple[int, ...]) -> dict[int, date]:
+def _current(doc: PersonDocument, thresholds: tuple[int, ...]) -> dict[int, date]:
     assert doc.expires_at is not None
     return dict.fromkeys(thresholds, doc.expires_at.astimezone(UTC).date())
 
@@ -56,10 +57,10 @@ def _variants(marked: tuple[int, ...], expires_on: date, turn: int) -> list[dict
     return [current] if renewed == current else [current, renewed]
 
 
-def _grid(documents: Documents) -> list[tuple[DocumentSpec, dict[int, date]]]:
+def _grid(documents: Documents) -> list[tuple[PersonDocument, dict[int, date]]]:
     """One document per (days left, markers already there and the date each was written for),
     three documents per owner."""
-    grid: list[tuple[DocumentSpec, dict[int, date]]] = []
+    grid: list[tuple[PersonDocument, dict[int, date]]] = []
     owner = uuid.uuid4()
     for left in DAYS_LEFT:
         expires_at = expiring_in(left)
