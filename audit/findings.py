@@ -93,7 +93,6 @@ CODES: tuple[Code, ...] = (
     POSITION_OF_ANOTHER_CLUSTER, POSITION_AHEAD, WAITED_TOO_LONG, PARKED,
     MISSING_FROM_TOPIC, UNKNOWN_ON_TOPIC, DUPLICATED_ON_TOPIC, OUT_OF_ORDER,
 )
-CHECKS: tuple[str, ...] = tuple(dict.fromkeys(c.check for c in CODES))
 
 
 def codes_of(check: str) -> tuple[Code, ...]:
