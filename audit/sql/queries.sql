@@ -121,7 +121,7 @@ where status = any(%(pruning_statuses)s::text[]);
 -- the document's current expiry date) and are still: the ones unchanged since the cycle started
 -- (a JSON array, oldest expiry first), and a count of those changed since (excepted); an owner
 -- whose event of the run is full (max_documents) legitimately has the rest left for the next cycle
-with due as materialized (
+with due as (
     select d.id, d.owner_user_id, d.expires_at, d.updated_at >= %(started_at)s as changed
     from person_documents d
     where d.status = 'Active'
@@ -145,14 +145,15 @@ full_owners as (
       and m.event_type = %(event_type)s
       and jsonb_array_length(m.payload -> 'documents') >= %(max_documents)s
 )
-select (select count(*) from due where changed) as changed_since,
-       (select coalesce(json_agg(json_build_object(
-                'document', d.id, 'owner', d.owner_user_id,
-                'expires', (d.expires_at at time zone 'UTC')::date) order by d.expires_at, d.id),
-                '[]')
-        from due d
-        where not d.changed
-          and d.owner_user_id::text not in (select aggregate_id from full_owners)) as left_behind;
+select count(*) filter (where d.changed) as changed_since,
+       coalesce(json_agg(json_build_object(
+                    'document', d.id, 'owner', d.owner_user_id,
+                    'expires', (d.expires_at at time zone 'UTC')::date)
+                order by d.expires_at, d.id) filter (where not d.changed),
+           '[]') as left_behind
+from due d
+where d.changed
+   or d.owner_user_id::text not in (select aggregate_id from full_owners);
 
 -- relay_waits: how many events were examined (those of the window, and every event still waiting
 -- wherever it was written; parked rows are listed apart), and those that waited (until published,
