@@ -84,6 +84,8 @@ make_base() {
     find "$root/usr/share/doc" -mindepth 2 ! -name copyright ! -type d -delete
     rm -rf "$root"/usr/share/{groff,info,linda,lintian,locale,man}/*
     debian_repositories | awk '{ print "deb " $1 " " $2 " main" }' >"$root/etc/apt/sources.list"
+    # No fsync per file while the image is made (debuerreotype does the same): half the time.
+    echo force-unsafe-io >"$root/etc/dpkg/dpkg.cfg.d/unsafe-io"
     # What python:3.11-slim-bookworm adds to debian:bookworm-slim, from Debian's packages: the
     # security updates, the CA bundle, netbase, tzdata, and Python 3.11 as a venv in /usr/local.
     "${BUILDAH[@]}" run --isolation chroot --network host "$ctr" -- sh -ec '
@@ -93,7 +95,7 @@ make_base() {
         apt-get install -qq -y --no-install-recommends ca-certificates netbase tzdata \
             python3.11 python3.11-venv
         apt-get clean
-        rm -rf /var/lib/apt/lists/*
+        rm -rf /var/lib/apt/lists/* /etc/dpkg/dpkg.cfg.d/unsafe-io
         python3.11 -m venv /usr/local' 2>&1 >"$CACHE/base.log" \
         | { grep -v "^debconf: delaying package configuration" || true; }
     "${BUILDAH[@]}" config --env LANG=C.UTF-8 \
