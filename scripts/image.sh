@@ -77,6 +77,8 @@ make_base() {
     fi
     echo "image.sh: making the stand-in for $from (debootstrap from $mirror, Debian's python3.11)" >&2
     ctr=$("${BUILDAH[@]}" from --pull=never scratch)
+    BASE_CONTAINER=$ctr
+    trap '"${BUILDAH[@]}" rm "$BASE_CONTAINER" >/dev/null 2>&1 || true' EXIT  # a failed attempt
     root=$("${BUILDAH[@]}" mount "$ctr")
     debootstrap --variant=minbase bookworm "$root" "$mirror" >"$CACHE/debootstrap.log" 2>&1 \
         || { tail -n 20 "$CACHE/debootstrap.log" >&2; exit 1; }
@@ -104,6 +106,7 @@ make_base() {
         --label "$BASE_CA_LABEL=$(sha256sum <"$root$CA_BUNDLE" | cut -c1-64)" "$ctr"
     "${BUILDAH[@]}" umount "$ctr" >/dev/null
     "${BUILDAH[@]}" commit --quiet --rm "$ctr" "$from" >/dev/null
+    trap - EXIT
 }
 
 # The stand-in base, made unless the one tagged as the FROM came from these same functions.
