@@ -15,6 +15,7 @@ source scripts/tls.sh
 tls_tools_ensure
 source scripts/pooler.sh
 pgbouncer_ensure
+source scripts/image.sh && image_tools_ensure  # buildah, debootstrap: tests/ops/test_image.py
 
 # Tests create and drop their own database (test_<name>) on this server.
 export DATABASE_URL="${TEST_DATABASE_URL:-$(database_url pin_profile)}"

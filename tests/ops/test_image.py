@@ -1,0 +1,152 @@
+"""The image built and run (docs/operations.md, "The image, tested"): docker/Dockerfile built by
+Debian's buildah on a stand-in for python:3.11-slim-bookworm made from Debian's packages
+(scripts/image.sh), then run as a platform runs it, as its unprivileged user: `check --deploy`
+with the two documented variables, `migrate` and `apply_db_roles` on a fresh database of the
+test server, one cycle as the worker role, one relay pass as the relay role to a Tansu broker,
+and the events read back from the topic. Every command goes through the image's own
+entrypoint, read from its configuration (`buildah run` does not apply it).
+
+One test on purpose: the build is the cost (minutes cold), and xdist could split several."""
+
+import secrets
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+
+from core.roles import RELAY_ROLE, WORKER_ROLE
+from devtools.demo_data import PERSON_DOCUMENTS_SQL
+from devtools.topic import read_topic
+from tests.support.contract import assert_event_valid
+from tests.support.image import (
+    BASE_CA_LABEL,
+    CA_BUNDLE,
+    Container,
+    build_image,
+    image_config,
+    require_buildah,
+)
+from tests.support.ledger import AS_OF, expiring_in
+from tests.support.tansu_support import TansuBroker
+
+pytestmark = [pytest.mark.image, pytest.mark.slow]
+
+APP_UID = "10001"
+# What the user must not be able to change: the code, the installed packages, the static files.
+READ_ONLY = ("/app", "/app/manage.py", "/app/reminders", "/app/artifacts/static",
+             "/usr/local/lib/python3.11/site-packages")
+
+
+def server_url(database: str, role: str | None = None) -> str:
+    """A URL to `database` on the test database's server (the xdist worker's own, if any)."""
+    settings = connection.settings_dict
+    return (f"postgres://{role or settings['USER']}@{settings['HOST'] or '127.0.0.1'}:"
+            f"{settings['PORT'] or 5432}/{database}")
+
+
+@contextmanager
+def fresh_database() -> Iterator[str]:
+    """An empty database on the test server, dropped after the block; its name."""
+    name = f"image_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(server_url("postgres"), autocommit=True) as admin:
+        admin.execute(f"create database {name}")
+    try:
+        yield name
+    finally:
+        with psycopg.connect(server_url("postgres"), autocommit=True) as admin:
+            admin.execute(f"drop database if exists {name} with (force)")
+
+
+def sql(url: str, statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cursor = conn.execute(statement, params)
+        return cursor.fetchall() if cursor.description else []
+
+
+def insert_documents(url: str, expiring: dict[uuid.UUID, list[int]]) -> None:
+    """Per owner, one Active document expiring in each of the given days after AS_OF."""
+    rows = [(uuid.uuid4(), owner, uuid.uuid4(), "Passport", "45 ** ****12", expiring_in(days),
+             "Active", b"\x00secret", AS_OF - timedelta(days=400), AS_OF - timedelta(days=400))
+            for owner, days_list in expiring.items() for days in days_list]
+    with psycopg.connect(url, autocommit=True) as conn, conn.cursor() as cursor:
+        cursor.executemany(
+            "insert into profile.person_documents (id, owner_user_id, person_id, type,"
+            " number_mask, expires_at, status, payload_cipher, created_at, updated_at)"
+            " values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
+
+
+def succeeded(done: subprocess.CompletedProcess[str], what: str) -> str:
+    assert done.returncode == 0, f"{what} exited {done.returncode}:\n{done.stdout}\n{done.stderr[-3000:]}"
+    return done.stdout
+
+
+def test_the_image_builds_and_runs_check_migrate_a_cycle_and_a_relay_pass(
+    tansu: TansuBroker, capsys: pytest.CaptureFixture[str]
+) -> None:
+    require_buildah()
+    built = build_image()
+    config = image_config(built.name)
+    assert config.entrypoint == ["python", "manage.py"]
+    assert config.cmd == ["run_expiry_reminders", "--loop"]
+    assert (config.user, config.working_dir) == (APP_UID, "/app")
+    assert config.env["DJANGO_SETTINGS_MODULE"] == "pin_profile.settings"
+    assert config.exposed_ports == {"9108/tcp", "9109/tcp", "8000/tcp", "9110/tcp"}
+
+    started = time.monotonic()
+    with Container(built.name) as container, fresh_database() as database:
+
+        def manage(*args: str, role: str | None = None, **env: str) -> str:
+            """`args` through the image's own entrypoint, on the fresh database as `role`."""
+            done = container.run([*config.entrypoint, *args],
+                                 env={"DATABASE_URL": server_url(database, role), **env})
+            return succeeded(done, " ".join(args))
+
+        # The image's user, which cannot change the code; the CA bundle the build mounted for
+        # pip is not in the image (the file there is the base's own, from ca-certificates).
+        who = succeeded(container.run(["sh", "-c", "id -u; id -g; cd /tmp && python -c "
+                                       "'import django, sys; print(sys.prefix)'"]), "id")
+        assert who.split() == [APP_UID, APP_UID, "/usr/local"]
+        writable = container.run(["sh", "-c", 'for p in "$@"; do [ -w "$p" ] && echo "$p"; done; :',
+                                  "-", *READ_ONLY])
+        assert succeeded(writable, "test -w").split() == []
+        in_image = succeeded(container.run(["sha256sum", str(CA_BUNDLE)]), "sha256sum").split()[0]
+        assert in_image == config.labels[BASE_CA_LABEL]
+
+        deploy = container.run([*config.entrypoint, "check", "--deploy", "--fail-level", "WARNING"],
+                               env={"DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+                                    "DJANGO_ALLOWED_HOSTS": "admin.example.com"})
+        assert "System check identified no issues" in succeeded(deploy, "check --deploy")
+
+        manage("migrate", "--no-input")
+        sql(server_url(database), PERSON_DOCUMENTS_SQL.read_text())  # the profile service's table
+        manage("apply_db_roles")
+        due, also_due, not_due = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+        insert_documents(server_url(database), {due: [6, 0], also_due: [29], not_due: [200]})
+
+        manage("run_expiry_reminders", "--as-of", AS_OF.isoformat(), role=WORKER_ROLE)
+        outbox = dict(sql(server_url(database), "select id::text, message_key from profile.outbox_messages"))
+        assert sorted(outbox.values()) == sorted([str(due), str(also_due)])
+
+        manage("publish_outbox", role=RELAY_ROLE, KAFKA_BOOTSTRAP_SERVERS=tansu.bootstrap_servers)
+        records = read_topic(tansu.bootstrap_servers)
+        assert {r.message_id: r.key for r in records} == outbox
+        for record in records:
+            assert_event_valid(record.json())  # and the broker validated it on the way in
+        [event] = [r.json() for r in records if r.key == str(due)]
+        assert len(event["documents"]) == 2  # one event per owner, with both its documents
+        assert sql(server_url(database), "select count(*) from profile.outbox_messages m"
+                   " where profile.outbox_published_at(m) is null") == [(0,)]
+    ran = time.monotonic() - started
+
+    steps = ", ".join(f"{what} {seconds:.1f}" for what, seconds in container.timings)
+    with capsys.disabled():
+        print(f"\nimage {built.name}: build {built.seconds:.0f} s "  # noqa: T201
+              f"({'; '.join(line.removeprefix('image.sh: ') for line in built.log.splitlines())}); "
+              f"runs {ran:.0f} s ({steps})")
