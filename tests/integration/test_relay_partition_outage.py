@@ -69,6 +69,13 @@ def test_one_partitions_leader_down_holds_back_only_its_keys_and_sends_no_messag
                        for n in range(EVENTS_PER_KEY) for k in interleaved]
     on_down = {str(r.id) for r in rows if partition_of(r.key, PARTITIONS) == 0}
     elsewhere = {str(r.id) for r in rows} - on_down
+
+    def write_more(seq: int) -> None:
+        """Events written during the outage: one more for every investor."""
+        more = [insert_outbox(k, created_at=BASE_TIME, seq=seq) for k in interleaved]
+        rows.extend(more)
+        on_down.update(str(r.id) for r in more if partition_of(r.key, PARTITIONS) == 0)
+        elsewhere.update(str(r.id) for r in more if partition_of(r.key, PARTITIONS) != 0)
     registry = CollectorRegistry()
     metrics.install_relay_metrics(registry)
 
@@ -98,6 +105,11 @@ def test_one_partitions_leader_down_holds_back_only_its_keys_and_sends_no_messag
             assert {i for i, _a, _p in detoured} == on_down
             assert all(attempts == 0 and not parked for _i, attempts, parked in detoured)
             assert sample("profile_outbox_partition_unavailable") == 1.0
+            assert published_ids() == elsewhere
+            # Events written now, with partition 0's rows waiting in the slow lane, go out too.
+            write_more(EVENTS_PER_KEY)
+            wait_for(lambda: published_ids() >= elsewhere, timeout=90,
+                     what="the events written during the outage recorded as published")
             assert published_ids() == elsewhere
             failing = partition_lines(caplog, PARTITION_FAILING)
             assert failing and {(f["topic"], f["partition"]) for f in failing} == {(TOPIC, 0)}
