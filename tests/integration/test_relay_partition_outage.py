@@ -2,7 +2,8 @@
 and librdkafka's mock cluster (3 brokers, 6 partitions, replication 3): partition 0's leader
 alone is taken down for a while, with the relay's loop running. Every other partition's events
 are delivered and recorded during the outage; partition 0's wait in the slow lane, no attempt
-counted, and go out in order once it is back; no message is on the topic more than twice."""
+counted, and go out in order once it is back; no message is on the topic more than twice. And
+a key deferred after its later row was read ahead: that row is held, not sent."""
 
 import logging
 from collections import Counter
@@ -18,6 +19,14 @@ from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from outbox import metrics
 from outbox.outage import PARTITION_FAILING, PARTITION_RESTORED
+from outbox.relay import Relay
+from tests.integration.test_relay_paths import (
+    InThread,
+    ObservedReader,
+    copies_on_topic,
+    position_move_waiting,
+    position_moves_held,
+)
 from tests.support.mock_controls import set_partition_leader
 from tests.support.partitioning import keys_on, partition_of
 from tests.support.relay_support import (
@@ -25,9 +34,12 @@ from tests.support.relay_support import (
     TOPIC,
     RelayThread,
     Row,
+    as_relay,
     first_seen_order,
     insert_outbox,
+    outbox_state,
     relay_settings,
+    unpublished_count,
     wait_for,
 )
 
@@ -133,3 +145,57 @@ def test_one_partitions_leader_down_holds_back_only_its_keys_and_sends_no_messag
         by_key.setdefault(row.key, []).append(str(row.id))
     assert first_seen_order(records) == by_key
     assert {r.partition for r in records if r.message_id in on_down} == {0}
+
+
+def test_a_later_row_read_ahead_before_its_key_was_deferred_is_held_not_sent(
+    transactional_db: None, kafka: MockKafkaCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches of two: [K1, A] with K1 bound for partition 0, whose leader is down (deferred),
+    [B] (cut before K2: K is in flight), then the read ahead [K2, C], read before K1's detour
+    is recorded, so the read itself says K2 is not held. Partition 0 is back before K2 would be
+    produced: the relay holds K2 all the same, and K's rows go out in order."""
+    monkeypatch.setattr("outbox.relay.StreamReader", ObservedReader)
+    monkeypatch.setattr(ObservedReader, "finished", [])
+    kafka.create_topic(TOPIC, 3, 3)
+    for partition, broker in enumerate(kafka.broker_ids):
+        set_partition_leader(kafka, TOPIC, partition, broker)
+    [k] = keys_on(0, 3, 1, "K")
+    a, b, c = keys_on(1, 3, 2, "up") + keys_on(2, 3, 1, "up")
+    head = insert_outbox(k, created_at=BASE_TIME)
+    others = [insert_outbox(a, created_at=BASE_TIME), insert_outbox(b, created_at=BASE_TIME)]
+    later = insert_outbox(k, created_at=BASE_TIME, seq=1)
+    others.append(insert_outbox(c, created_at=BASE_TIME))
+    settings = relay_settings(kafka.bootstrap_servers, batch_size=2,
+                              delivery_timeout=timedelta(seconds=2),
+                              backoff_initial=timedelta(milliseconds=100),
+                              backoff_max=timedelta(milliseconds=200))
+    kafka.set_down(kafka.broker_ids[0])
+    relay = Relay(settings)
+
+    with position_moves_held() as release:
+        thread = InThread(relay.publish_available)
+        thread.start()
+        wait_for(position_move_waiting, timeout=30, what="the first batch's record to wait")
+        wait_for(lambda: len(ObservedReader.finished) >= 3, timeout=30,
+                 what="the read ahead of the third batch to be done")
+        kafka.set_up(kafka.broker_ids[0])  # back before K2 is produced: it would overtake K1
+        release()
+        thread.finish()
+    with as_relay():
+        relay.close()
+
+    state = {r["id"]: r for r in outbox_state()}
+    assert state[head.id]["detoured_at"] is not None and state[head.id]["attempts"] == 0
+    assert state[later.id]["detoured_at"] is not None  # held behind its key's head
+    assert (state[later.id]["published_at"], state[later.id]["attempts"]) == (None, 0)
+    assert all(state[r.id]["published_at"] is not None for r in others)
+
+    with as_relay():
+        relay = Relay(settings)
+        wait_for(lambda: relay.run_pass().published >= 0 and unpublished_count() == 0,
+                 timeout=30, what="K's rows delivered once partition 0 is back")
+        relay.close()
+    assert first_seen_order(read_topic(kafka.bootstrap_servers))[k] == [
+        str(head.id), str(later.id)]
+    assert copies_on_topic(kafka.bootstrap_servers) == {
+        str(r.id): 1 for r in [head, later, *others]}
