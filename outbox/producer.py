@@ -220,7 +220,8 @@ class RelayProducer:
             if error is not None:  # only errors are reported (delivery.report.only.error)
                 key = record.key().decode()
                 errors[key] = error
-                partitions[key] = record.partition()
+                partition = record.partition()  # None while none was assigned
+                partitions[key] = -1 if partition is None else partition
 
         produce, loads = producer.produce, orjson.loads
         for message in batch.read:

@@ -40,8 +40,8 @@ class Record:
     def key(self) -> bytes:
         return self._key.encode()
 
-    def partition(self) -> int:
-        return self._partition
+    def partition(self) -> int | None:
+        return None if self._partition < 0 else self._partition  # as confluent-kafka says -1
 
 
 class FakeProducer:
@@ -162,6 +162,10 @@ def test_an_error_report_lands_in_its_batch_by_key_with_its_partition(harness: H
     assert first.errors == {} and first.partitions == {}
     assert second.errors == {"d": timed_out} and second.partitions == {"d": 4}
     assert second.acked_at is not None  # "c" was acknowledged; "d" has its error
+    unassigned = harness.batch("e")
+    harness.fake.fail("e", timed_out, partition=-1)  # timed out before it had a partition
+    harness.relay.await_batch(unassigned)
+    assert unassigned.partitions == {"e": -1}
 
 
 def test_a_batch_past_its_deadline_is_purged_and_no_later_flush_acknowledges_it(
