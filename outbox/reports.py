@@ -43,8 +43,7 @@ class Reports:
 
 def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaError], *,
                  acked_at: float | None, read_at: float, stop_at_unavailable: bool,
-                 unavailable: Callable[[KafkaError], bool] = broker_unavailable,
-                 known_down: Callable[[ReadMessage], bool] | None = None) -> Reports:
+                 unavailable: Callable[[KafkaError], bool] = broker_unavailable) -> Reports:
     """Sort `messages` by the `errors` reported for them (by message key: a batch has one row
     per key) and the batch's acknowledgement (`acked_at`, monotonic; None: the batch was not
     acknowledged, so a row without an error report is not known to be delivered). The stream
@@ -56,10 +55,8 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
     partition-level error (`partition_unavailable`) is deferred when the batch was acknowledged
     and the stream's batch had a row delivered (the cluster answers; that partition does not);
     in a batch with nothing delivered it is unavailable and the stream stops before it, as for
-    a broker that cannot be reached, unless its partition is `known_down` (an outage of that
-    partition alone, seen in an earlier batch: a lone row of it does not stop the stream). The
-    slow lane defers such a row whatever the rest did (its rows are detoured already: nothing
-    floods, and the stream judges the broker)."""
+    a broker that cannot be reached. The slow lane defers such a row whatever the rest did
+    (its rows are detoured already: nothing floods, and the stream judges the broker)."""
     reports = Reports(settled=len(messages))
     if acked_at is not None and not errors and not any(m.held for m in messages):
         reports.delivered = list(messages)  # the usual batch: every row delivered
@@ -67,8 +64,7 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
         acked = acked_at is not None
         answered = acked and (not stop_at_unavailable or any(
             not m.held and m.key not in errors for m in messages))
-        _sort_each(reports, messages, errors, acked=acked,
-                   defer=(lambda _m: True) if answered else known_down if acked else None,
+        _sort_each(reports, messages, errors, acked=acked, defer=answered,
                    stop_at_unavailable=stop_at_unavailable, unavailable=unavailable)
     if acked_at is not None and reports.delivered:
         since_read = acked_at - read_at
@@ -80,9 +76,8 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
 
 
 def _sort_each(reports: Reports, messages: Sequence[ReadMessage],
-               errors: Mapping[str, KafkaError], *, acked: bool,
-               defer: Callable[[ReadMessage], bool] | None, stop_at_unavailable: bool,
-               unavailable: Callable[[KafkaError], bool]) -> None:
+               errors: Mapping[str, KafkaError], *, acked: bool, defer: bool,
+               stop_at_unavailable: bool, unavailable: Callable[[KafkaError], bool]) -> None:
     for index, message in enumerate(messages):
         if message.held:
             reports.detoured.append((message, None))
@@ -90,8 +85,7 @@ def _sort_each(reports: Reports, messages: Sequence[ReadMessage],
         error = errors.get(message.key)
         if error is None and acked:
             reports.delivered.append(message)
-        elif (error is not None and defer is not None and partition_unavailable(error)
-              and defer(message)):
+        elif error is not None and defer and partition_unavailable(error):
             reports.deferred.append((message, error))
         elif error is None or unavailable(error):
             reports.first_unavailable = reports.first_unavailable or error

@@ -11,7 +11,7 @@ the position stops just before it and the rest is read again."""
 import logging
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from outbox import metrics, store
@@ -175,16 +175,6 @@ class StreamLane:
         (nothing of it is recorded; what was delivered is sent again, at least once)."""
         self._producer.await_batch(batch)
 
-    def _known_down(self, batch: Batch) -> Callable[[ReadMessage], bool]:
-        """Is a row of `batch` bound for a partition already in an outage of its own?"""
-        down = self._tally.partitions.down
-
-        def known_down(message: ReadMessage) -> bool:
-            partition = batch.partitions.get(message.key, -1)
-            return partition >= 0 and (message.topic, partition) in down
-
-        return known_down
-
     def finish(self, batch: Batch, start: Position,
                detoured_keys: set[str] | None = None) -> BatchOutcome:
         """Await a stream batch's reports, then move the position past every row accounted for:
@@ -193,8 +183,7 @@ class StreamLane:
         could not take (or that the stop released)."""
         self._producer.await_batch(batch)
         reports = sort_reports(batch.read, batch.errors, acked_at=batch.acked_at,
-                               read_at=batch.read_at, stop_at_unavailable=True,
-                               known_down=self._known_down(batch))
+                               read_at=batch.read_at, stop_at_unavailable=True)
         detours = [store.Detour(m.id) if error is None else
                    store.Detour(m.id, *self._tally.describe_refusal(m, error))
                    for m, error in reports.detoured]

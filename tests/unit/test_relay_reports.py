@@ -103,17 +103,3 @@ def test_a_connection_or_producer_error_beside_delivered_rows_still_stops_the_st
                                stop_at_unavailable=True)
         assert reports.settled == 1 and reports.deferred == [], error
         assert reports.first_unavailable is error
-
-
-def test_a_lone_row_of_a_partition_already_known_down_is_deferred_though_nothing_was_delivered(
-) -> None:
-    rows = [row(1), row(2)]
-    errors = {"key-1": TIMED_OUT, "key-2": TIMED_OUT}
-    reports = sort_reports(rows, errors, acked_at=11.0, read_at=10.0, stop_at_unavailable=True,
-                           known_down=lambda m: m.key == "key-1")
-
-    assert reports.deferred == [(rows[0], TIMED_OUT)]  # its partition's outage is known
-    assert reports.settled == 1 and reports.first_unavailable is TIMED_OUT  # key-2's is not
-    unacked = sort_reports(rows, errors, acked_at=None, read_at=10.0, stop_at_unavailable=True,
-                           known_down=lambda _m: True)
-    assert unacked.settled == 0 and unacked.deferred == []
