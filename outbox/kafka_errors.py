@@ -1,4 +1,5 @@
 """Which Kafka errors mean "the broker is unavailable" (wait and retry, no attempt counted),
+"this partition cannot take it now" (a kind of the first: defer it, no attempt counted),
 "this message cannot be delivered" (count an attempt, park it eventually), or "the broker
 refused the relay" (wrong credentials or certificate: stop, exit 1); and how an error is shown."""
 
@@ -39,6 +40,19 @@ UNAVAILABLE_CODES = frozenset({
     KafkaError.UNKNOWN_PRODUCER_ID,
     KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
     KafkaError.INVALID_PRODUCER_EPOCH,
+})
+
+# One partition cannot take a message now (no leader, too few in-sync replicas, its leader not
+# answering in time): the rest of the cluster may well take the others.
+PARTITION_UNAVAILABLE_CODES = frozenset({
+    KafkaError._MSG_TIMED_OUT,
+    KafkaError._TIMED_OUT,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.NOT_ENOUGH_REPLICAS,
+    KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+    KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.KAFKA_STORAGE_ERROR,
 })
 
 # The message can never go out as it is: too large, no such topic, not authorised, invalid.
@@ -97,6 +111,12 @@ def broker_unavailable(error: KafkaError) -> bool:
     if code in UNDELIVERABLE_CODES:
         return False
     return code in UNAVAILABLE_CODES or bool(error.retriable())
+
+
+def partition_unavailable(error: KafkaError) -> bool:
+    """True when `error` says only that the message's partition could not take it now (not the
+    producer, not the connection to every broker, not the message)."""
+    return not error.fatal() and error.code() in PARTITION_UNAVAILABLE_CODES
 
 
 def describe(error: KafkaError) -> str:

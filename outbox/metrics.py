@@ -79,6 +79,7 @@ _brokers: set[str] = set()
 def install_relay_metrics(registry: CollectorRegistry = REGISTRY) -> None:
     """Register the relay's own metrics in `registry` (once): in a process that relays."""
     RELAY_METRICS.install(registry)
+    PARTITION_METRICS.install(registry)
 
 
 def record_published(n: int = 1) -> None:
@@ -150,3 +151,30 @@ def outbox_gauges(using: str = "default", refresh_s: float = GAUGE_REFRESH_S) ->
     """The outbox backlog gauges, read at most every `refresh_s` seconds (not registered)."""
     return DatabaseGauges(GAUGES, lambda: read_outbox_backlog(using), refresh_s=refresh_s,
                           using=using)
+
+
+# --- one partition's outage (docs/outbox-relay.md, "One partition's outage") -----------------
+
+PARTITION_UNAVAILABLE = Gauge(
+    "profile_outbox_partition_unavailable",
+    "1 while a partition of the topic could not take the relay's rows as the rest of the "
+    "cluster did (its rows wait in the slow lane), 0 once one of them was delivered again.",
+    ["topic", "partition"], registry=None,
+)
+DEFERRED_TOTAL = Counter(
+    "profile_outbox_deferred_total",
+    "Outbox messages a partition could not take now, sent to the slow lane or delayed there "
+    "without an attempt counted.",
+    ["topic", "partition"], registry=None,
+)
+PARTITION_METRICS = MetricSet(PARTITION_UNAVAILABLE, DEFERRED_TOTAL)
+
+
+def record_deferred(topic: str, partition: int, n: int) -> None:
+    """`n` rows bound for `partition` were deferred: it is unavailable."""
+    DEFERRED_TOTAL.labels(topic=topic, partition=str(partition)).inc(n)
+    PARTITION_UNAVAILABLE.labels(topic=topic, partition=str(partition)).set(1)
+
+
+def set_partition_available(topic: str, partition: int) -> None:
+    PARTITION_UNAVAILABLE.labels(topic=topic, partition=str(partition)).set(0)

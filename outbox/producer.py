@@ -14,7 +14,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -50,6 +50,8 @@ class Batch:
     # row sent without an error report acknowledged then); None until then, and for good if the
     # wait ended otherwise.
     acked_at: float | None = None
+    # The partition of each row an error was reported for (-1: none assigned yet), by key.
+    partitions: dict[str, int] = field(default_factory=dict)
 
     @property
     def keys(self) -> set[str]:
@@ -212,11 +214,14 @@ class RelayProducer:
         deadline = (time.monotonic() + self.settings.delivery_timeout.total_seconds()
                     + FLUSH_MARGIN_S)
         batch = Batch(read.messages, read.read_at, 0, {}, deadline, producer, start)
-        errors = batch.errors
+        errors, partitions = batch.errors, batch.partitions
 
         def failed(error: KafkaError | None, record: Any) -> None:
             if error is not None:  # only errors are reported (delivery.report.only.error)
-                errors[record.key().decode()] = error
+                key = record.key().decode()
+                errors[key] = error
+                partition = record.partition()  # None while none was assigned
+                partitions[key] = -1 if partition is None else partition
 
         produce, loads = producer.produce, orjson.loads
         for message in batch.read:

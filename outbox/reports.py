@@ -3,8 +3,10 @@
 
 A row is delivered (no error reported, in a batch the producer acknowledged as a whole), held (a
 stream row behind its key's slow-lane head: never sent), refused (the broker will never take it
-as it is: an attempt is counted), or unavailable (not acknowledged, or an error that says only
-that Kafka could not be reached: nothing is wrong with the row, it is read again later)."""
+as it is: an attempt is counted), deferred (its partition could not take it now while the
+cluster took others: it waits in the slow lane, no attempt counted), or unavailable (not
+acknowledged, or an error that says only that Kafka could not be reached: nothing is wrong with
+the row, it is read again later)."""
 
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError
 
-from outbox.kafka_errors import broker_unavailable
+from outbox.kafka_errors import broker_unavailable, partition_unavailable
 from outbox.store import ReadMessage
 
 
@@ -28,6 +30,9 @@ class Reports:
     latencies: list[tuple[float, int]] = field(default_factory=list)
     # Rows that leave for the slow lane, with the broker's refusal (None: held, never sent).
     detoured: list[tuple[ReadMessage, KafkaError | None]] = field(default_factory=list)
+    # Rows whose partition could not take them now (no leader, not enough replicas, timed out)
+    # in a batch the cluster otherwise took: they leave for the slow lane, no attempt counted.
+    deferred: list[tuple[ReadMessage, KafkaError]] = field(default_factory=list)
     unavailable: list[ReadMessage] = field(default_factory=list)
     first_unavailable: KafkaError | None = None  # the first unavailable row's error, if any
 
@@ -44,12 +49,22 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
     acknowledged, so a row without an error report is not known to be delivered). The stream
     stops at the first unavailable row (its position cannot pass it); the slow lane sorts every
     row. A row's latency is its age when read (`read_at`) plus the time to the acknowledgement
-    of its batch."""
+    of its batch.
+
+    A partition's outage is told from the broker's by the batch itself: a row with a
+    partition-level error (`partition_unavailable`) is deferred when the batch was acknowledged
+    and the stream's batch had a row delivered (the cluster answers; that partition does not);
+    in a batch with nothing delivered it is unavailable and the stream stops before it, as for
+    a broker that cannot be reached. The slow lane defers such a row whatever the rest did
+    (its rows are detoured already: nothing floods, and the stream judges the broker)."""
     reports = Reports(settled=len(messages))
     if acked_at is not None and not errors and not any(m.held for m in messages):
         reports.delivered = list(messages)  # the usual batch: every row delivered
     else:
-        _sort_each(reports, messages, errors, acked=acked_at is not None,
+        acked = acked_at is not None
+        answered = acked and (not stop_at_unavailable or any(
+            not m.held and m.key not in errors for m in messages))
+        _sort_each(reports, messages, errors, acked=acked, defer=answered,
                    stop_at_unavailable=stop_at_unavailable, unavailable=unavailable)
     if acked_at is not None and reports.delivered:
         since_read = acked_at - read_at
@@ -61,8 +76,8 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
 
 
 def _sort_each(reports: Reports, messages: Sequence[ReadMessage],
-               errors: Mapping[str, KafkaError], *, acked: bool, stop_at_unavailable: bool,
-               unavailable: Callable[[KafkaError], bool]) -> None:
+               errors: Mapping[str, KafkaError], *, acked: bool, defer: bool,
+               stop_at_unavailable: bool, unavailable: Callable[[KafkaError], bool]) -> None:
     for index, message in enumerate(messages):
         if message.held:
             reports.detoured.append((message, None))
@@ -70,6 +85,8 @@ def _sort_each(reports: Reports, messages: Sequence[ReadMessage],
         error = errors.get(message.key)
         if error is None and acked:
             reports.delivered.append(message)
+        elif error is not None and defer and partition_unavailable(error):
+            reports.deferred.append((message, error))
         elif error is None or unavailable(error):
             reports.first_unavailable = reports.first_unavailable or error
             if stop_at_unavailable:

@@ -1,6 +1,7 @@
 """The slow lane (docs/outbox-relay.md, "The slow lane"): detoured rows delivered one per key at
 a time, each the oldest waiting row of its key, and marked published; an undeliverable row gets
-an attempt counted and a retry delay, and is parked after `max_attempts`."""
+an attempt counted and a retry delay, and is parked after `max_attempts`; a row its partition
+could not take now gets its partition's retry delay and no attempt (it is never parked for it)."""
 
 from outbox import metrics, store
 from outbox.producer import RelayProducer
@@ -29,10 +30,14 @@ class SlowLane:
                                read_at=batch.read_at, stop_at_unavailable=False)
         failures = [store.Failure(m.id, *self._tally.describe_refusal(m, error))
                     for m, error in reports.refused]
+        deferrals = self._tally.describe_deferrals(reports.deferred, batch.partitions)
         metrics.observe_delivery_latencies(reports.latencies)
         outcome = BatchOutcome(read=len(batch.read))
         outcome.published = store.mark_published(self.using, [m.id for m in reports.delivered])
+        self._tally.delivered(m.key for m in reports.delivered)
         outcome.released = len(reports.unavailable)  # left unpublished: read again next time
         outcome.failed = len(failures)
+        outcome.deferred = store.postpone(
+            self.using, [store.Failure(i, *deferred) for i, deferred in deferrals.items()])
         outcome.parked = store.record_failures(self.using, failures, self.max_attempts)
         return self._tally.account(outcome, reports.first_unavailable, lane="slow")

@@ -71,11 +71,13 @@ class Failure:
 @dataclass(frozen=True, slots=True)
 class Detour:
     """A stream row that leaves the stream for the slow lane: a failed delivery (its error and
-    retry delay), or a row held behind its key's head (no error: no attempt counted)."""
+    retry delay), a row its partition could not take now (its error and retry delay, no attempt
+    counted: `attempted` false), or a row held behind its key's head (no error: no attempt)."""
 
     id: str  # the message id, as read
     error: str | None = None
     retry_in: timedelta = timedelta(0)
+    attempted: bool = True  # with an error: count it as an attempt (a partition's outage: not)
 
 
 class PositionMovedError(RuntimeError):
@@ -268,7 +270,7 @@ def advance(using: str, *, start: Position, end: Position, published: int,
             return []
         cur.execute(QUERIES["detour"], {
             "ids": [d.id for d in detours],
-            "attempted": [d.error is not None for d in detours],
+            "attempted": [d.error is not None and d.attempted for d in detours],
             "errors": [None if d.error is None else d.error[:2000] for d in detours],
             "retry_in": [d.retry_in for d in detours],
             "max_attempts": max_attempts,
@@ -337,3 +339,14 @@ def backlog(using: str) -> Backlog:
         unpublished, parked, oldest_created_at, oldest_age_s = one(cur)
     return Backlog(int(unpublished), int(parked), oldest_created_at,
                    None if oldest_age_s is None else float(oldest_age_s))
+
+
+def postpone(using: str, failures: Sequence[Failure]) -> int:
+    """Delay slow-lane rows their partition could not take now, no attempt counted; how many."""
+    if not failures:
+        return 0
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["postpone"], {"ids": [f.id for f in failures],
+                                          "errors": [f.error[:2000] for f in failures],
+                                          "retry_in": [f.retry_in for f in failures]})
+        return cur.rowcount

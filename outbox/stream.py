@@ -3,9 +3,10 @@ order their transactions wrote them, produced while the batch before awaits its 
 recorded in order, each by one transaction that moves the position past it (store.advance).
 
 A batch ends before a key it already has or one still in flight (`cut`: one row per key in
-flight at a time). A row the broker refused, and every later row of its key, leaves the stream
-for the slow lane (it is "detoured"). If the broker could not take a row, the position stops
-just before it and the rest is read again."""
+flight at a time). A row the broker refused, a row its partition could not take while the
+cluster took others (deferred), and every later row of its key, leave the stream for the slow
+lane (they are "detoured"). If the broker could not take a row (nothing of the batch delivered),
+the position stops just before it and the rest is read again."""
 
 import logging
 import threading
@@ -177,19 +178,24 @@ class StreamLane:
     def finish(self, batch: Batch, start: Position,
                detoured_keys: set[str] | None = None) -> BatchOutcome:
         """Await a stream batch's reports, then move the position past every row accounted for:
-        delivered, refused (detoured with an attempt counted) or held (detoured); it stops
-        before the first row the broker could not take (or that the stop released)."""
+        delivered, refused (detoured with an attempt counted), deferred (detoured with a retry
+        delay, no attempt counted) or held (detoured); it stops before the first row the broker
+        could not take (or that the stop released)."""
         self._producer.await_batch(batch)
         reports = sort_reports(batch.read, batch.errors, acked_at=batch.acked_at,
                                read_at=batch.read_at, stop_at_unavailable=True)
         detours = [store.Detour(m.id) if error is None else
                    store.Detour(m.id, *self._tally.describe_refusal(m, error))
                    for m, error in reports.detoured]
+        failed = len(detours) - sum(1 for d in detours if d.error is None)
+        deferrals = self._tally.describe_deferrals(reports.deferred, batch.partitions)
+        detours += [store.Detour(m.id, *deferrals[m.id], attempted=False)
+                    for m, _error in reports.deferred]
         recorded = reports.settled
         outcome = BatchOutcome(read=len(batch.read),  # the rows not recorded are read again
                                published=len(reports.delivered),
                                released=len(batch.read) - recorded,
-                               failed=sum(1 for d in detours if d.error is not None))
+                               failed=failed, deferred=len(reports.deferred))
         if recorded:
             end = batch.read[recorded - 1].position
             assert end is not None  # noqa: S101 - a stream row has a position
@@ -199,5 +205,6 @@ class StreamLane:
                                            leader_pid=self._leadership.leader_pid)
             if detoured_keys is not None and detours:
                 detoured_keys.update(m.key for m, _error in reports.detoured)
+                detoured_keys.update(m.key for m, _error in reports.deferred)
         metrics.observe_delivery_latencies(reports.latencies)
         return self._tally.account(outcome, reports.first_unavailable, lane="stream")

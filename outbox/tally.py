@@ -5,7 +5,7 @@ import logging
 import random
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -15,7 +15,7 @@ from core.supervise import backoff_delay
 from outbox import metrics
 from outbox.config import RelaySettings
 from outbox.kafka_errors import describe
-from outbox.outage import Emit, OutageLog
+from outbox.outage import Emit, OutageLog, Partition, PartitionOutages
 from outbox.store import ReadMessage
 
 
@@ -27,12 +27,14 @@ class Deliveries:
     published: int = 0
     released: int = 0
     failed: int = 0
+    deferred: int = 0  # left for the slow lane, or delayed there: their partition was down
 
     def add_deliveries(self, other: "Deliveries") -> None:
         self.read += other.read
         self.published += other.published
         self.released += other.released
         self.failed += other.failed
+        self.deferred += other.deferred
 
 
 @dataclass(slots=True)
@@ -87,6 +89,8 @@ class Tally:
         self._refused = refused  # the broker refused the relay: its line says it all
         self._reached_kafka = reached_kafka
         self.on_batch = on_batch  # told the running totals after each batch (a progress bar)
+        self.partitions = PartitionOutages(
+            emit, interval_s=settings.outage_log_interval.total_seconds())
 
     def describe_refusal(self, message: ReadMessage, error: KafkaError) -> tuple[str, timedelta]:
         """A row the broker refused: its error and retry delay to record, said in a line."""
@@ -96,6 +100,31 @@ class Tally:
             "message_id": message.id, "attempt": message.attempts + 1,
             "error": describe(error), "retry_in_s": round(delay, 3)})
         return describe(error), timedelta(seconds=delay)
+
+    def describe_deferrals(self, deferred: Sequence[tuple[ReadMessage, KafkaError]],
+                           partitions: Mapping[str, int]) -> dict[str, tuple[str, timedelta]]:
+        """Rows their partition could not take now (`partitions`: by key, as reported): for each
+        (by id) its error and retry delay, the partition's backoff, which grows with the batches
+        it failed in a row; said in that partition's outage log and metrics."""
+        by_partition: dict[Partition, list[tuple[ReadMessage, KafkaError]]] = {}
+        for message, error in deferred:
+            where = (message.topic, partitions.get(message.key, -1))
+            by_partition.setdefault(where, []).append((message, error))
+        described: dict[str, tuple[str, timedelta]] = {}
+        for where, rows in by_partition.items():
+            failures = self.partitions.failed(where, (m.key for m, _e in rows),
+                                              describe(rows[0][1]))
+            metrics.record_deferred(*where, len(rows))
+            for message, error in rows:
+                delay = backoff_delay(failures, self.settings.backoff_initial,
+                                      self.settings.backoff_max, self._rng)
+                described[message.id] = (describe(error), timedelta(seconds=delay))
+        return described
+
+    def delivered(self, keys: Iterable[str]) -> None:
+        """Rows of `keys` delivered: a partition they had been deferred for is back."""
+        for topic, partition in self.partitions.delivered(keys):
+            metrics.set_partition_available(topic, partition)
 
     def unrecorded(self, outcome: BatchOutcome) -> None:
         """A batch whose rows are read again (the batch before it stopped short)."""
@@ -119,7 +148,7 @@ class Tally:
         self._emit(logging.DEBUG, "batch done", {
             "lane": lane, "read": outcome.read, "published": outcome.published,
             "released": outcome.released, "failed": outcome.failed,
-            "parked": len(outcome.parked)})
+            "deferred": outcome.deferred, "parked": len(outcome.parked)})
         self.stats.add(outcome)
         if self.on_batch is not None:
             self.on_batch(self.stats)

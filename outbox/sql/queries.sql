@@ -94,14 +94,17 @@ insert into outbox_relay_batches (upto_txid, upto_seq, published_at, messages)
 values (%(upto_txid)s::xid8, %(upto_seq)s::bigint, %(published_at)s, %(messages)s);
 
 -- detour: rows of a batch that leave the stream for the slow lane: a failed delivery counts an
--- attempt and waits its retry delay (parked once it has used its attempts), a held row (attempted
--- false) waits behind its key's head
+-- attempt and waits its retry delay (parked once it has used its attempts), a row its partition
+-- could not take now (attempted false, an error) waits its retry delay without an attempt, a held
+-- row (attempted false, no error) waits behind its key's head
 update outbox_messages m
 set detoured_at = now(),
     attempts = m.attempts + d.attempted::int,
     last_error = coalesce(d.error, m.last_error),
     available_at = case when d.attempted and m.attempts + 1 < %(max_attempts)s
-                        then now() + d.retry_in end,
+                          then now() + d.retry_in
+                        when not d.attempted and d.error is not null
+                          then now() + d.retry_in end,
     parked_at = case when d.attempted and m.attempts + 1 >= %(max_attempts)s then now() end
 from unnest(%(ids)s::uuid[], %(attempted)s::bool[], %(errors)s::text[],
             %(retry_in)s::interval[]) as d(id, attempted, error, retry_in)
@@ -260,3 +263,13 @@ set synchronous_commit = off;
 -- listen_for_new_rows: this session hears the insert trigger's notifications (channel
 -- `outbox_messages`, migration 0003_relay_claims)
 listen outbox_messages;
+
+-- postpone: slow-lane rows their partition could not take now: the error and a retry delay, no
+-- attempt counted (a partition's outage never parks a row)
+update outbox_messages m
+set last_error = f.error,
+    available_at = now() + f.retry_in
+from unnest(%(ids)s::uuid[], %(errors)s::text[], %(retry_in)s::interval[]) as f(id, error, retry_in)
+where m.id = f.id
+  and m.published_at is null
+  and m.parked_at is null;

@@ -17,8 +17,11 @@ from core.roles import RELAY_ROLE
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from tests.conftest import command_env, manage_py
+from tests.support.mock_controls import set_partition_leader
+from tests.support.partitioning import keys_on
 from tests.support.relay_support import (
     BASE_TIME,
+    TOPIC,
     first_seen_order,
     insert_outbox,
     interleaved_rows,
@@ -298,3 +301,29 @@ def _get(url: str) -> tuple[int, str]:
 def _log_lines(stderr: str) -> list[str]:
     """The JSON log lines of a relay's stderr."""
     return [line for line in stderr.splitlines() if line.startswith('{"ts"')]
+
+
+def test_one_pass_during_one_partitions_outage_records_the_others_and_exits_1_naming_it(
+    transactional_db: None, kafka: MockKafkaCluster
+) -> None:
+    """Partition 0's leader down: the pass delivers and records the other partitions' rows,
+    defers partition 0's with no attempt counted, says so in the log, and exits 1."""
+    kafka.create_topic(TOPIC, 3, 3)
+    for partition, broker in enumerate(kafka.broker_ids):
+        set_partition_leader(kafka, TOPIC, partition, broker)
+    [down] = keys_on(0, 3, 1, "down")
+    up = keys_on(1, 3, 1, "up") + keys_on(2, 3, 1, "up")
+    rows = [insert_outbox(k, created_at=BASE_TIME) for k in (up[0], down, up[1])]
+    kafka.set_down(kafka.broker_ids[0])
+
+    done = run_relay(relay_env(kafka.bootstrap_servers))
+
+    assert done.returncode == 1, done.stderr
+    assert "1 deferred (a partition unavailable)" in done.stderr
+    assert "  deferred (partition unavailable) 1" in done.stdout
+    logged = [json.loads(line) for line in _log_lines(done.stderr)]
+    [unavailable] = [e for e in logged if e["event"] == "kafka partition unavailable"]
+    assert (unavailable["partition"], unavailable["deferred"]) == (0, 1)
+    state = {r["id"]: r for r in outbox_state()}
+    assert [r.id for r in rows if state[r.id]["published_at"] is None] == [rows[1].id]
+    assert (state[rows[1].id]["attempts"], state[rows[1].id]["parked_at"]) == (0, None)

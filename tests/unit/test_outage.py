@@ -1,5 +1,6 @@
 """OutageLog: a Kafka outage as the first failure, a summary per interval, and the recovery;
-and librdkafka's own lines for the same failures left out."""
+librdkafka's own lines for the same failures left out; and PartitionOutages, one such log per
+partition that could not take rows while the others did."""
 
 import logging
 from typing import Any
@@ -7,7 +8,16 @@ from typing import Any
 import pytest
 
 from outbox.kafka_log import LibrdkafkaLog
-from outbox.outage import FAILING, RESTORED, STILL_FAILING, OutageLog
+from outbox.outage import (
+    FAILING,
+    PARTITION_FAILING,
+    PARTITION_RESTORED,
+    PARTITION_STILL_FAILING,
+    RESTORED,
+    STILL_FAILING,
+    OutageLog,
+    PartitionOutages,
+)
 
 Line = tuple[int, str, dict[str, Any]]
 
@@ -104,3 +114,54 @@ def test_librdkafka_lines_the_relay_reports_itself_are_not_logged_twice(
         log.log(logging.WARNING, fmt, "CONFWARN", "relay-1#producer-1", "property x is s3cret")
     assert [r.getMessage() for r in caplog.records] == [
         "CONFWARN [relay-1#producer-1] property x is ***"]
+
+
+# --- one partition's outage -----------------------------------------------------------------
+
+
+def partition_outages() -> tuple[PartitionOutages, list[Line], FakeClock]:
+    lines: list[Line] = []
+    clock = FakeClock()
+    outages = PartitionOutages(lambda level, event, fields: lines.append((level, event, fields)),
+                               interval_s=60.0, clock=clock)
+    return outages, lines, clock
+
+
+def test_a_partitions_outage_counts_its_failed_batches_and_says_it_with_its_topic_and_number(
+) -> None:
+    outages, lines, clock = partition_outages()
+
+    assert outages.failed(("t", 0), ["a", "b"], "_MSG_TIMED_OUT") == 1
+    clock.now += 10
+    assert outages.failed(("t", 0), ["c"], "_MSG_TIMED_OUT") == 2
+    assert outages.failed(("t", 3), ["d"], "NOT_ENOUGH_REPLICAS") == 1  # a log of its own
+    clock.now += 60
+    assert outages.failed(("t", 0), ["a"], "_MSG_TIMED_OUT") == 3
+
+    assert outages.down == {("t", 0), ("t", 3)}
+    assert lines == [
+        (logging.WARNING, PARTITION_FAILING, {"topic": "t", "partition": 0,
+         "error": "_MSG_TIMED_OUT", "repeats": 0, "failing_for_s": 0.0, "deferred": 2}),
+        (logging.WARNING, PARTITION_FAILING, {"topic": "t", "partition": 3,
+         "error": "NOT_ENOUGH_REPLICAS", "repeats": 0, "failing_for_s": 0.0, "deferred": 1}),
+        (logging.WARNING, PARTITION_STILL_FAILING, {"topic": "t", "partition": 0,
+         "error": "_MSG_TIMED_OUT", "repeats": 1, "failing_for_s": 70.0, "deferred": 2}),
+    ]
+
+
+def test_a_deferred_keys_delivery_says_its_partition_is_back_and_a_later_outage_starts_afresh(
+) -> None:
+    outages, lines, clock = partition_outages()
+    outages.failed(("t", 0), ["a", "b"], "_MSG_TIMED_OUT")
+    outages.failed(("t", 1), ["c"], "_MSG_TIMED_OUT")
+    clock.now += 5
+
+    assert outages.delivered(["x"]) == set()  # never deferred: says nothing
+    assert outages.delivered(["a"]) == {("t", 0)}
+    assert outages.down == {("t", 1)}
+    assert lines[-1] == (logging.INFO, PARTITION_RESTORED, {
+        "topic": "t", "partition": 0, "failing_for_s": 5.0, "failures": 1})
+    assert outages.delivered(["b"]) == set()  # its partition is already back
+    clock.now += 120
+    assert outages.failed(("t", 0), ["e"], "_MSG_TIMED_OUT") == 1
+    assert lines[-1][1] == PARTITION_FAILING

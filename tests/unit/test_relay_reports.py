@@ -50,3 +50,56 @@ def test_errors_reported_in_an_acknowledged_batch_are_refused_or_unavailable_by_
     assert reports.detoured == [(ROWS[1], REFUSED), (ROWS[2], None)]
     assert reports.settled == 3 and reports.first_unavailable is UNAVAILABLE
     assert reports.latencies == [(3.0, 1)]
+
+
+# --- one partition's outage: deferred, told from the broker's by the batch itself -------------
+
+TIMED_OUT = KafkaError(KafkaError._MSG_TIMED_OUT)
+NO_REPLICAS = KafkaError(KafkaError.NOT_ENOUGH_REPLICAS)
+
+
+def test_rows_their_partition_could_not_take_in_a_batch_the_cluster_took_are_deferred() -> None:
+    errors = {"key-1": TIMED_OUT, "key-4": NO_REPLICAS}
+    reports = sort_reports(ROWS, errors, acked_at=11.0, read_at=10.0, stop_at_unavailable=True)
+
+    assert reports.delivered == [ROWS[1]]
+    assert reports.deferred == [(ROWS[0], TIMED_OUT), (ROWS[3], NO_REPLICAS)]
+    assert reports.detoured == [(ROWS[2], None)] and reports.refused == []
+    assert reports.settled == 4 and reports.first_unavailable is None  # the position passes all
+
+
+def test_a_batch_with_nothing_delivered_is_a_broker_outage_and_the_stream_stops_at_its_first_row(
+) -> None:
+    errors = {"key-1": TIMED_OUT, "key-2": TIMED_OUT, "key-4": NO_REPLICAS}
+    stream = sort_reports(ROWS, errors, acked_at=11.0, read_at=10.0, stop_at_unavailable=True)
+
+    assert stream.settled == 0 and stream.deferred == [] and stream.delivered == []
+    assert stream.first_unavailable is TIMED_OUT
+
+
+def test_the_slow_lane_defers_a_partitions_rows_even_when_nothing_of_its_batch_was_delivered(
+) -> None:
+    errors = {"key-1": TIMED_OUT, "key-2": TIMED_OUT, "key-4": NO_REPLICAS}
+    slow = sort_reports(ROWS, errors, acked_at=11.0, read_at=10.0, stop_at_unavailable=False)
+
+    assert [m for m, _error in slow.deferred] == [ROWS[0], ROWS[1], ROWS[3]]
+    assert slow.unavailable == [] and slow.delivered == []
+
+
+def test_a_batch_never_acknowledged_defers_nothing_even_with_partition_errors() -> None:
+    errors = {"key-2": TIMED_OUT}
+    stream = sort_reports(ROWS, errors, acked_at=None, read_at=10.0, stop_at_unavailable=True)
+    slow = sort_reports(ROWS, errors, acked_at=None, read_at=10.0, stop_at_unavailable=False)
+
+    assert stream.settled == 0 and stream.deferred == []
+    assert slow.deferred == [] and slow.unavailable == [ROWS[0], ROWS[1], ROWS[3]]
+
+
+def test_a_connection_or_producer_error_beside_delivered_rows_still_stops_the_stream() -> None:
+    for error in (KafkaError(KafkaError._TRANSPORT), KafkaError(KafkaError._PURGE_INFLIGHT),
+                  KafkaError(KafkaError._ALL_BROKERS_DOWN),
+                  KafkaError(KafkaError._MSG_TIMED_OUT, fatal=True)):
+        reports = sort_reports(ROWS, {"key-2": error}, acked_at=11.0, read_at=10.0,
+                               stop_at_unavailable=True)
+        assert reports.settled == 1 and reports.deferred == [], error
+        assert reports.first_unavailable is error

@@ -86,10 +86,12 @@ class Command(ProjectCommand):
         self._summarise(stats, backlog)
         if stop.is_set():
             return
-        if stats.released or stats.failed:
+        if stats.released or stats.failed or stats.deferred:
             raise CommandError(
                 f"not everything was delivered: {stats.released} released (broker unavailable), "
-                f"{stats.failed} failed, {stats.parked} parked; run again",
+                f"{stats.failed} failed, {stats.parked} parked"
+                + (f", {stats.deferred} deferred (a partition unavailable)" if stats.deferred
+                   else "") + "; run again",
                 returncode=EXIT_FAILED,
             )
         if stats.held_for_s:
@@ -119,6 +121,7 @@ class Command(ProjectCommand):
             f"Relay pass: {stats.published} published in {stats.batches} batch(es)",
             f"  released (broker unavailable)  {stats.released}",
             f"  failed (retried later)         {stats.failed}",
+            *([f"  deferred (partition unavailable) {stats.deferred}"] if stats.deferred else []),
             f"  parked                         {stats.parked}",
             f"  pruned                         {stats.pruned}",
             *(["  stood by: another relay was publishing"] if stats.stood_by else []),

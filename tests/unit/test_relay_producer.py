@@ -1,0 +1,260 @@
+"""RelayProducer's acknowledgement rules with a fake producer (docs/outbox-relay.md, "Why nothing
+is recorded before its acknowledgement"): a batch is acknowledged only when `flush` comes back
+with nothing in flight or unreported on the producer that has it, and then every batch that
+producer still had (`_unacked`) is; a batch whose wait ended otherwise (its deadline, the stop's
+grace, a refusal, a fatal error, a replaced producer) is purged (`_drop`) and never acknowledged
+later, by any producer. Error reports land in their batch by key, with their partition."""
+
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from outbox.config import RelaySettings
+from outbox.producer import Batch, RelayProducer
+from outbox.store import Read, ReadMessage
+
+Report = Callable[[KafkaError | None, Any], None]
+
+
+class Clock:
+    """The relay's monotonic clock, moved on by the fake producer's waits only."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class Record:
+    """What a delivery report carries about its message."""
+
+    def __init__(self, key: str, partition: int) -> None:
+        self._key, self._partition = key, partition
+
+    def key(self) -> bytes:
+        return self._key.encode()
+
+    def partition(self) -> int | None:
+        return None if self._partition < 0 else self._partition  # as confluent-kafka says -1
+
+
+class FakeProducer:
+    """librdkafka's producer as the relay uses it: messages stay in flight until the test
+    acknowledges or fails them; `flush` serves the reports due and returns what is left (or
+    raises what the test set), moving the clock on by its timeout when something is left."""
+
+    def __init__(self, clock: Clock, on_error: Callable[[KafkaError], None]) -> None:
+        self.clock = clock
+        self.on_error = on_error
+        self.in_flight: dict[str, Report] = {}
+        self.reports: list[tuple[Report, KafkaError | None, Record]] = []
+        self.acknowledging = True  # flush acknowledges everything in flight
+        self.raises: KafkaException | None = None
+        self.error_in_flush: KafkaError | None = None  # said by the error callback in a flush
+        self.purged = 0
+        self.flushes = 0
+
+    def produce(self, topic: str, value: str, key: str, *, headers: Any, timestamp: int,
+                on_delivery: Report) -> None:
+        self.in_flight[key] = on_delivery
+
+    def fail(self, key: str, error: KafkaError, partition: int = 0) -> None:
+        """The broker's (or librdkafka's) error for `key`: reported at the next poll or flush."""
+        self.reports.append((self.in_flight.pop(key), error, Record(key, partition)))
+
+    def _serve(self) -> None:
+        reports, self.reports = self.reports, []
+        for report, error, record in reports:
+            report(error, record)
+
+    def poll(self, timeout: float) -> int:
+        self._serve()
+        return 0
+
+    def flush(self, timeout: float) -> int:
+        self.flushes += 1
+        if self.raises is not None:
+            raise self.raises
+        self._serve()
+        if self.error_in_flush is not None:
+            self.on_error(self.error_in_flush)
+        if self.acknowledging:
+            self.in_flight.clear()  # acknowledged: no report (delivery.report.only.error)
+        left = len(self.in_flight)
+        if left:
+            self.clock.now += timeout
+        return left
+
+    def purge(self, *, in_queue: bool, in_flight: bool, blocking: bool) -> None:
+        self.purged += 1
+        for key in list(self.in_flight):
+            self.fail(key, KafkaError(KafkaError._PURGE_INFLIGHT))
+
+    def __len__(self) -> int:
+        return len(self.in_flight) + len(self.reports)
+
+
+class Harness:
+    def __init__(self, relay: RelayProducer, made: list[FakeProducer], clock: Clock,
+                 stop: threading.Event) -> None:
+        self.relay, self.made, self.clock, self.stop = relay, made, clock, stop
+
+    @property
+    def fake(self) -> FakeProducer:
+        return self.made[-1]
+
+    def batch(self, *keys: str) -> Batch:
+        rows = [ReadMessage(str(n), n, f"id-{key}", "topic", key, "{}", "{}", 0, 0.0, False, 0)
+                for n, key in enumerate(keys)]
+        return self.relay.produce_batch(Read(rows, self.clock.now), ("0", 0))
+
+
+DELIVERY_TIMEOUT_S = 30.0
+GRACE_S = 2.0
+
+
+@pytest.fixture
+def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
+    clock = Clock()
+    monkeypatch.setattr("outbox.producer.time", SimpleNamespace(monotonic=clock.monotonic))
+    made: list[FakeProducer] = []
+
+    def new_producer(settings: RelaySettings, client_id: str, on_error: Any = None,
+                     on_statistics: Any = None) -> FakeProducer:
+        made.append(FakeProducer(clock, on_error))
+        return made[-1]
+
+    monkeypatch.setattr("outbox.kafka.new_producer", new_producer)
+    stop = threading.Event()
+    settings = RelaySettings(bootstrap_servers="fake:9092",
+                             delivery_timeout=timedelta(seconds=DELIVERY_TIMEOUT_S),
+                             shutdown_grace=timedelta(seconds=GRACE_S))
+    relay = RelayProducer(settings, "relay-test", emit=lambda *_args: None, stop=stop)
+    yield Harness(relay, made, clock, stop)
+
+
+def test_flush_back_to_zero_acknowledges_every_batch_the_producer_has_at_that_moment(
+    harness: Harness,
+) -> None:
+    first, second = harness.batch("a", "b"), harness.batch("c")
+
+    harness.relay.await_batch(first)
+
+    assert first.acked_at == harness.clock.now and second.acked_at == harness.clock.now
+    flushes = harness.fake.flushes
+    harness.relay.await_batch(second)  # acknowledged already: no wait
+    assert harness.fake.flushes == flushes and harness.relay._unacked == []
+
+
+def test_an_error_report_lands_in_its_batch_by_key_with_its_partition(harness: Harness) -> None:
+    first, second = harness.batch("a", "b"), harness.batch("c", "d")
+    timed_out = KafkaError(KafkaError._MSG_TIMED_OUT)
+    harness.fake.fail("d", timed_out, partition=4)
+
+    harness.relay.await_batch(first)
+
+    assert first.errors == {} and first.partitions == {}
+    assert second.errors == {"d": timed_out} and second.partitions == {"d": 4}
+    assert second.acked_at is not None  # "c" was acknowledged; "d" has its error
+    unassigned = harness.batch("e")
+    harness.fake.fail("e", timed_out, partition=-1)  # timed out before it had a partition
+    harness.relay.await_batch(unassigned)
+    assert unassigned.partitions == {"e": -1}
+
+
+def test_a_batch_past_its_deadline_is_purged_and_no_later_flush_acknowledges_it(
+    harness: Harness,
+) -> None:
+    first, second = harness.batch("a"), harness.batch("b")
+    harness.fake.acknowledging = False
+
+    harness.relay.await_batch(first)
+
+    assert first.acked_at is None and harness.fake.purged == 1
+    assert harness.clock.now >= first.deadline
+    assert first.errors["a"].code() == KafkaError._PURGE_INFLIGHT
+    harness.relay.await_batch(second)  # dropped with the purge: nothing to wait for
+    assert second.acked_at is None
+    harness.fake.acknowledging = True
+    third = harness.batch("c")
+    harness.relay.await_batch(third)
+    assert third.acked_at is not None and first.acked_at is None and second.acked_at is None
+
+
+def test_a_stop_waits_the_shutdown_grace_not_the_delivery_timeout(harness: Harness) -> None:
+    batch = harness.batch("a")
+    harness.fake.acknowledging = False
+    started = harness.clock.now
+    harness.stop.set()
+
+    harness.relay.await_batch(batch)
+
+    assert batch.acked_at is None and harness.fake.purged == 1
+    assert GRACE_S <= harness.clock.now - started < DELIVERY_TIMEOUT_S
+
+
+def test_a_refusal_ends_the_wait_without_an_acknowledgement(harness: Harness) -> None:
+    batch = harness.batch("a")
+    harness.fake.on_error(KafkaError(KafkaError._AUTHENTICATION))
+
+    harness.relay.await_batch(batch)  # flush would come back empty: the refusal comes first
+
+    assert batch.acked_at is None and harness.fake.purged == 1 and harness.fake.flushes == 0
+
+
+def test_a_flush_that_raises_the_fatal_error_is_no_acknowledgement(harness: Harness) -> None:
+    batch = harness.batch("a")
+    harness.fake.raises = KafkaException(KafkaError(KafkaError.UNKNOWN_PRODUCER_ID, fatal=True))
+
+    harness.relay.await_batch(batch)
+
+    assert batch.acked_at is None and harness.fake.purged == 1
+
+
+def test_a_fatal_error_said_during_a_flush_that_comes_back_empty_is_no_acknowledgement(
+    harness: Harness,
+) -> None:
+    batch = harness.batch("a")
+    harness.fake.error_in_flush = KafkaError(KafkaError._FATAL, fatal=True)
+
+    harness.relay.await_batch(batch)
+
+    assert batch.acked_at is None and harness.fake.purged == 1
+
+
+def test_a_replaced_producers_batches_are_never_acknowledged_by_its_replacement(
+    harness: Harness,
+) -> None:
+    old_batch = harness.batch("a")
+    old = harness.fake
+    old.acknowledging = False
+    old.on_error(KafkaError(KafkaError._FATAL, fatal=True))
+
+    new_batch = harness.batch("b")  # a new producer takes over; the old one is purged
+
+    assert harness.fake is not old and old.purged == 1
+    harness.relay.await_batch(new_batch)
+    harness.relay.await_batch(old_batch)
+    assert new_batch.acked_at is not None and old_batch.acked_at is None
+    assert old_batch.errors["a"].code() == KafkaError._PURGE_INFLIGHT
+
+
+def test_the_barrier_on_one_producer_does_not_acknowledge_a_batch_of_another(
+    harness: Harness,
+) -> None:
+    old_batch = harness.batch("a")
+    harness.relay._fatal = KafkaError(KafkaError._FATAL, fatal=True)
+    harness.made[0].purge = lambda **_kwargs: None  # type: ignore[method-assign]
+    new_batch = harness.batch("b")  # the old producer is dropped, and keeps "a" in flight
+
+    harness.relay._unacked.append(old_batch)  # as if the drop had kept it
+    harness.relay._acknowledged(harness.fake, harness.clock.now)
+
+    assert new_batch.acked_at is not None and old_batch.acked_at is None
+    assert harness.relay._unacked == [old_batch]
