@@ -203,7 +203,8 @@ class Relay:
             if self.heartbeat is not None:
                 self.heartbeat.beat()
             self.connect()
-            if time.monotonic() >= next_prune:
+            self.lead()  # first: a server in recovery takes no statement that writes (prune)
+            if time.monotonic() >= next_prune and self.leadership.in_recovery is None:
                 self.prune()
                 next_prune = time.monotonic() + PRUNE_EVERY_S
             outcome = self.publish_available()
