@@ -39,10 +39,14 @@ class Command(ProjectCommand):
         "OUTBOX_POLL_INTERVAL. Exit codes: 0 done (or stopped by a signal), 1 not everything "
         "went out (the broker did not answer or was unavailable, messages failed or parked, "
         "rows held back past --held-bound by a transaction open on the database server, "
-        "database lost; nothing is lost, run again), or the broker refused the credentials or "
-        "TLS handshake, or the stream's position is ahead of its cluster's transaction ids "
-        "(also with --loop), 2 bad configuration or usage (also a connection pooler that pools "
-        "by transaction between the relay and PostgreSQL)."
+        "the pass stood by while messages waited past --stood-by-bound (the line names the "
+        "session holding the relays' lock), database lost; nothing is lost, run again), or the "
+        "database server is in recovery (a standby: --loop stands by until it is promoted), or "
+        "the broker refused the credentials or TLS handshake, or the stream's position is ahead "
+        "of its cluster's transaction ids, or a subscription still applies the outbox, or the "
+        "reader reached another server than the relay leads on (these also with --loop), "
+        "2 bad configuration or usage (also a connection pooler that pools by transaction "
+        "between the relay and PostgreSQL)."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
