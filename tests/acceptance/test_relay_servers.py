@@ -150,15 +150,16 @@ def test_a_subscriber_still_applying_the_outbox_refuses_its_writers_and_its_rela
         wrote = manage(new.url(DATABASE, WORKER_ROLE), "run_expiry_reminders", "--as-of",
                        days_ago(10), check=False)
         code, line = relay_pass(new, kafka)
-        remind(old, days_ago(15))  # the publisher goes on, the subscription still applies it
-        wait_for(lambda: event_ids(new) == event_ids(old), timeout=120, what="the apply")
 
+        assert position_before == [(old.system_identifier(), 0)]
+        assert new.sql(DATABASE, "select system_identifier, txid_offset from"
+                                 " profile.outbox_relay_position") == position_before  # no re-base
+        assert event_ids(new) == event_ids(old)  # nothing written here
         assert wrote.returncode == 1, wrote.stdout + wrote.stderr
         assert "still applies the outbox" in wrote.stdout + wrote.stderr
         assert (code, "still applies the outbox" in line) == (1, True), line
-        assert new.sql(DATABASE, "select system_identifier, txid_offset from"
-                                 " profile.outbox_relay_position") == position_before
-        assert position_before == [(old.system_identifier(), 0)]  # nothing re-based
+        remind(old, days_ago(15))  # the publisher goes on, the subscription still applies it
+        wait_for(lambda: event_ids(new) == event_ids(old), timeout=120, what="the apply")
 
         new.sql(DATABASE, "alter subscription pin_move disable")
         new.sql(DATABASE, "drop subscription pin_move")
