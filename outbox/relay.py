@@ -28,7 +28,7 @@ from django.db import connections
 
 from core.db import DatabaseErrors, delete_in_chunks
 from core.failures import classify_on, retry_event
-from core.health import Heartbeat
+from core.health import Heartbeat, Verdict
 from core.logs import log_event
 from core.supervise import Backoff, supervise
 from outbox import metrics, store
@@ -82,7 +82,7 @@ class Relay:
         self.heartbeat = heartbeat  # beaten every loop iteration: /healthz of publish_outbox --loop
         self.kafka = RelayProducer(settings, self.relay_id, emit=self._say, stop=self.stop)
         self.leadership = Leadership(using, emit=self._say)
-        self._reader = StreamReader(using, settings.batch_size)
+        self._reader = StreamReader(using, settings.batch_size, leader=self.leadership)
         self.tally = Tally(settings, self.stats, self.kafka.outage, emit=self._say,
                            stop=self.stop, rng=self.rng, refused=lambda: self.kafka.refused,
                            reached_kafka=self.kafka.reached_kafka, on_batch=on_batch)
@@ -156,6 +156,8 @@ class Relay:
             held_since: float | None = None
             while not self.stop.is_set():
                 outcome = self.publish_available()
+                if self.leadership.in_recovery is not None:  # nothing produced, nothing pruned
+                    raise store.ServerInRecoveryError(in_recovery_line(self.leadership.in_recovery))
                 if outcome.broker_unavailable:
                     break
                 if outcome.read:
@@ -174,6 +176,12 @@ class Relay:
             self.resign()
             self._reader.close()
         return self.stats
+
+    def readiness(self) -> Verdict:
+        """Not ready while standing by on a server in recovery (--loop's /readyz)."""
+        if self.leadership.in_recovery is not None:
+            return Verdict(False, in_recovery_line(self.leadership.in_recovery))
+        return Verdict(True, "ok")
 
     def _stream_held(self) -> bool:
         """Are there stream rows this leader cannot read yet (a transaction older than theirs
@@ -195,7 +203,8 @@ class Relay:
             if self.heartbeat is not None:
                 self.heartbeat.beat()
             self.connect()
-            if time.monotonic() >= next_prune:
+            self.lead()  # first: a server in recovery takes no statement that writes (prune)
+            if time.monotonic() >= next_prune and self.leadership.in_recovery is None:
                 self.prune()
                 next_prune = time.monotonic() + PRUNE_EVERY_S
             outcome = self.publish_available()
@@ -245,3 +254,10 @@ class Relay:
         self.resign()
         self._reader.close()
         self.kafka.close()
+
+
+def in_recovery_line(server: store.Server) -> str:
+    """Why a relay does not publish on `server`, in one line."""
+    return (f"the database server {server} is in recovery (a standby, or a restore under way): "
+            "the relay publishes only on the primary; point DATABASE_URL at it (with several "
+            "hosts: target_session_attrs=read-write)")

@@ -61,6 +61,11 @@ grant update (published_at, attempts, last_error, available_at, parked_at, detou
 grant select, update on profile.outbox_relay_position to pin_outbox_relay;
 grant select, insert, delete on profile.outbox_relay_batches to pin_outbox_relay;
 grant select on profile.outbox_message_states to pin_outbox_relay;
+-- No grant for what the relay reads of the server (outbox/sql/queries.sql: its identity, which
+-- must not be a server in recovery; pg_locks and pg_stat_activity for the lock's holder): every
+-- role may. The outbox's guards (outbox migration 0013_stream_guards) run as their owner: the
+-- trigger outbox_messages_behind_position and outbox_stream_settle() (SECURITY DEFINER, its
+-- grant as before), whose subscription check reads only catalogs every role may read.
 
 -- Observability: the worker's metrics server reports the outbox backlog (so it stays visible
 -- while the relay is down), reading only the bookkeeping timestamps, never payload or headers.

@@ -139,9 +139,34 @@ where o.detoured_at is not null
 order by o.txid, o.seq
 limit %(batch_size)s;
 
--- try_to_lead: take the relays' session advisory lock without waiting: true for the one relay
--- that publishes, false for a standby; and the server process that holds it
-select pg_try_advisory_lock(%(lock)s::bigint), pg_backend_pid();
+-- try_to_lead: take the relays' session advisory lock without waiting, never on a server in
+-- recovery (the lock works there too, and the relay must not lead there): true for the one relay
+-- that publishes, false for a standby; the server process that looked, and the server it reached
+-- (as server_identity)
+select case when pg_is_in_recovery() then false
+            else pg_try_advisory_lock(%(lock)s::bigint) end,
+       pg_backend_pid(), c.system_identifier, pg_postmaster_start_time(), pg_is_in_recovery()
+from pg_control_system() c;
+
+-- server_identity: the server a session reached: its cluster, when its postmaster started (a
+-- promoted standby has its primary's cluster id and its own start), whether it is in recovery
+select c.system_identifier, pg_postmaster_start_time(), pg_is_in_recovery()
+from pg_control_system() c;
+
+-- relay_lock_holder: the session holding the relays' lock on this database (a bigint advisory
+-- key is classid = its high half, objid = its low half, objsubid = 1), with what this role may
+-- see of it in pg_stat_activity (another role's address and state only with pg_read_all_stats)
+select l.pid, a.usename::text, host(a.client_addr), a.client_port, a.application_name, a.state,
+       extract(epoch from now() - a.state_change)::float8
+from pg_locks l
+left join pg_stat_activity a on a.pid = l.pid
+where l.locktype = 'advisory'
+  and l.granted
+  and l.database = (select d.oid from pg_database d where d.datname = current_database())
+  and l.classid::int8 = (%(lock)s::int8 >> 32)
+  and l.objid::int8 = (%(lock)s::int8 & 4294967295)
+  and l.objsubid = 1
+limit 1;
 
 -- resign: release the relays' session advisory lock, so that a standby leads at once
 select pg_advisory_unlock(%(lock)s::bigint);
