@@ -5,14 +5,13 @@ restore or a rollback) keeps its id: a second row is never written, the claim do
 import json
 import logging
 import uuid
-from datetime import date
 from typing import Any
 
 import pytest
 from django.db import connection
 
-from reminders.events import ReminderItem, message_id
 from tests.conftest import CycleRunner
+from tests.support.contract import named_after
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, day, expiring_in, markers
 
@@ -27,13 +26,6 @@ def outbox() -> list[tuple[uuid.UUID, str, dict[str, Any], dict[str, Any]]]:
 
 def _json(value: str | dict[str, Any]) -> dict[str, Any]:
     return json.loads(value) if isinstance(value, str) else value
-
-
-def named_after(owner: str, payload: dict[str, Any]) -> uuid.UUID:
-    """The message id the contract derives from an event's owner and items."""
-    return message_id(uuid.UUID(owner), [
-        ReminderItem(uuid.UUID(d["documentId"]), d["thresholdDays"],
-                     date.fromisoformat(d["expiresAt"])) for d in payload["documents"]])
 
 
 def lose_the_ledger(*, with_the_outbox: bool = False) -> None:
@@ -63,7 +55,7 @@ def test_each_event_is_named_after_its_reminder(run: CycleRunner, documents: Doc
     rows = outbox()
     assert len(rows) == 3
     for row_id, owner_id, payload, headers in rows:
-        assert row_id == named_after(owner_id, payload)
+        assert payload["ownerUserId"] == owner_id and row_id == named_after(payload)
         assert headers["message_id"] == str(row_id)
 
 
