@@ -44,6 +44,9 @@ revoke insert on profile.outbox_messages from pin_reminder_worker;
 grant insert (id, aggregate_type, aggregate_id, event_type, contract_version, topic,
               message_key, payload, headers, created_at, attempts)
     on profile.outbox_messages to pin_reminder_worker;
+-- A row's id only (no payload): the claim skips a reminder the outbox already holds under its
+-- message id (`on conflict (id) do nothing returning id` needs to see the id).
+grant select (id) on profile.outbox_messages to pin_reminder_worker;
 -- A new row's headers are the outbox's (outbox migrations 0009_outbox_headers and
 -- 0010_outbox_headers_aggregate: the five-argument form for a writer of the previous release).
 grant execute on function profile.outbox_headers(uuid, text, text, integer, jsonb),
