@@ -61,6 +61,8 @@ grant update (published_at, attempts, last_error, available_at, parked_at, detou
 grant select, update on profile.outbox_relay_position to pin_outbox_relay;
 grant select, insert, delete on profile.outbox_relay_batches to pin_outbox_relay;
 grant select on profile.outbox_message_states to pin_outbox_relay;
+-- Each topic's partition count as the relay last saw it (outbox/topic.py).
+grant select, insert, update on profile.outbox_topics to pin_outbox_relay;
 
 -- Observability: the worker's metrics server reports the outbox backlog (so it stays visible
 -- while the relay is down), reading only the bookkeeping timestamps, never payload or headers.
@@ -97,6 +99,7 @@ revoke all on profile.person_documents from pin_reminder_auditor;
 grant select (id, owner_user_id, expires_at, status, deleted_at, updated_at)
     on profile.person_documents to pin_reminder_auditor;
 grant select on profile.document_expiry_reminders, profile.document_expiry_reminder_runs,
-    profile.outbox_messages, profile.outbox_relay_position, profile.outbox_relay_batches
+    profile.outbox_messages, profile.outbox_relay_position, profile.outbox_relay_batches,
+    profile.outbox_topics
     to pin_reminder_auditor;
 alter role pin_reminder_auditor set default_transaction_read_only = on;
