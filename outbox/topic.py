@@ -212,8 +212,9 @@ class TopicWatch:
 
     _LINES = {"verified": (logging.INFO, "topic keeps what it acknowledges"),
               "unverified": (logging.WARNING, "topic durability unverified"),
-              "allowed": (logging.WARNING, "topic may lose acknowledged records, allowed by "
-                                           f"{ALLOW_UNDURABLE_VAR}")}
+              "allowed": (logging.WARNING,
+                          "topic may lose acknowledged records, allowed by "
+                          "OUTBOX_ALLOW_UNDURABLE_TOPIC")}
 
     def _say_durability(self, topic: str, state: str, fields: dict[str, Any]) -> None:
         """The state's metric, and its line once (again only if the state changes)."""
