@@ -93,7 +93,8 @@ class Relay:
                                  stop=self.stop, emit=self._say)
         self.slow = SlowLane(using, producer=self.kafka, tally=self.tally)
         # Each topic's first batch waits for a look at its durability and partitions.
-        self.topics = TopicWatch(settings, using, client_id=self.relay_id, emit=self._say)
+        self.topics = TopicWatch(settings, using, client_id=self.relay_id, emit=self._say,
+                                 kafka_failing=lambda: self.kafka.outage.failing)
         self.kafka.admit = self.topics.admit
 
     def _say(self, level: int, event: str, fields: dict[str, Any]) -> None:
