@@ -32,6 +32,7 @@ from outbox import metrics, store
 from outbox.relay import Relay
 from outbox.topic import TopicWatch, UndurableTopicError
 from tests.acceptance.test_relay_process import relay_env, run_relay
+from tests.support.partitioner import murmur2, partition_of
 from tests.support.relay_support import (
     BASE_TIME,
     TOPIC,
@@ -276,30 +277,11 @@ def test_a_partition_count_changed_under_a_running_relay_is_said_and_it_goes_on(
 # --- the partitioner ----------------------------------------------------------------------
 
 
-def murmur2(data: bytes) -> int:
-    """Kafka's Java client's murmur2 (org.apache.kafka.common.utils.Utils.murmur2)."""
-    m, r, mask = 0x5BD1E995, 24, 0xFFFFFFFF
-    h = (0x9747B28C ^ len(data)) & mask
-    tail = len(data) - len(data) % 4
-    for i in range(0, tail, 4):
-        k = int.from_bytes(data[i:i + 4], "little")
-        k = (k * m) & mask
-        k ^= k >> r
-        k = (k * m) & mask
-        h = (h * m) & mask
-        h ^= k
-    rest = data[tail:]
-    if len(rest) == 3:
-        h ^= rest[2] << 16
-    if len(rest) >= 2:
-        h ^= rest[1] << 8
-    if rest:
-        h ^= rest[0]
-        h = (h * m) & mask
-    h ^= h >> 13
-    h = (h * m) & mask
-    h ^= h >> 15
-    return h
+def test_murmur2_is_the_java_clients() -> None:
+    # Values of org.apache.kafka.common.utils.Utils.murmur2 (Kafka's own UtilsTest), unsigned.
+    assert [murmur2(s.encode()) for s in ("21", "foobar", "a-little-bit-long-string",
+                                          "a-little-bit-longer-string")] == [
+        x & 0xFFFFFFFF for x in (-973932308, -790332482, -985981536, -1486304829)]
 
 
 def test_a_key_lands_on_the_partition_the_java_client_would_choose(
@@ -310,7 +292,7 @@ def test_a_key_lands_on_the_partition_the_java_client_would_choose(
     with as_relay():
         assert Relay(relay_settings(kafka.bootstrap_servers)).run_pass().published == 24
     placed = {r.key: r.partition for r in read_topic(kafka.bootstrap_servers)}
-    assert placed == {o: (murmur2(o.encode()) & 0x7FFFFFFF) % 6 for o in owners}
+    assert placed == {o: partition_of(o, 6) for o in owners}
     assert len(set(placed.values())) > 1
 
 
