@@ -33,7 +33,8 @@ UNCLEAN = "unclean.leader.election.enable"
 # Kafka's own defaults, for a broker that reports only what was set on the topic (Tansu).
 KAFKA_DEFAULTS = {MIN_INSYNC: "1", UNCLEAN: "false"}
 # The first look at a topic (a new admin connection: TLS, SASL); then, while its metadata could
-# not be read (or while the producer finds Kafka failing), each batch's look waits this much at most.
+# not be read, each batch's look waits this much at most (none while the producer finds Kafka
+# failing).
 FIRST_LOOK_TIMEOUT_S = 10.0
 RETRY_LOOK_TIMEOUT_S = 1.0
 # While leading, the relay looks at its topics again this often (a partition added, a
@@ -113,12 +114,11 @@ class TopicWatch:
         self.settings = settings
         self.using = using
         self.look_again_s = look_again_s
-        self._client_id = client_id
         self._emit = emit
         self._new_admin = admin or (lambda: AdminClient(kafka.admin_config(settings, client_id)))
         self._admin: Any = None
         self._clock = clock
-        self._kafka_failing = kafka_failing  # the producer's outage: no long first look then
+        self._kafka_failing = kafka_failing  # the producer's outage: no look then
         self._admitted: set[str] = set()  # looked at: checked, or its configuration unreadable
         self._partitions: dict[str, int] = {}  # as last recorded
         self._durability: dict[str, str] = {}  # the state said for each topic
@@ -134,8 +134,9 @@ class TopicWatch:
         if topics <= self._admitted:
             return
         for topic in sorted(topics - self._admitted):
-            timeout = (RETRY_LOOK_TIMEOUT_S if topic in self._tried or self._kafka_failing()
-                       else FIRST_LOOK_TIMEOUT_S)
+            if self._kafka_failing():
+                continue  # the batch's deliveries fail too: a look would only slow the outage
+            timeout = RETRY_LOOK_TIMEOUT_S if topic in self._tried else FIRST_LOOK_TIMEOUT_S
             self._tried.add(topic)
             if self._look(topic, timeout):
                 self._admitted.add(topic)

@@ -33,7 +33,7 @@ from tests.support.relay_support import (
 
 BEFORE = ("outbox", "0004_merge_0003_relay_claims_0003_requeue_permission")
 # The newest outbox migration: 0005 and every one after it (the relay needs them all).
-AFTER = ("outbox", "0010_outbox_headers_aggregate")
+AFTER = ("outbox", "0011_topic_partitions")
 STREAM = ("outbox", "0005_stream_position")
 
 
