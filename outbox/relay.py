@@ -40,6 +40,7 @@ from outbox.reader import StreamReader
 from outbox.slow import SlowLane
 from outbox.stream import StreamLane
 from outbox.tally import BatchOutcome, RelayStats, Tally
+from outbox.topic import TopicWatch
 from outbox.wakeup import Wakeup
 
 __all__ = ["BatchOutcome", "Relay", "RelayStats"]
@@ -91,6 +92,10 @@ class Relay:
                                  held=HeldWatch(self._say, warn_after_s=STREAM_HELD_WARN_S),
                                  stop=self.stop, emit=self._say)
         self.slow = SlowLane(using, producer=self.kafka, tally=self.tally)
+        # Each topic's first batch waits for a look at its durability and partitions.
+        self.topics = TopicWatch(settings, using, client_id=self.relay_id, emit=self._say,
+                                 kafka_failing=lambda: self.kafka.outage.failing)
+        self.kafka.admit = self.topics.admit
 
     def _say(self, level: int, event: str, fields: dict[str, Any]) -> None:
         log_event(logger, level, event, relay_id=self.relay_id, **fields)
@@ -175,6 +180,7 @@ class Relay:
         finally:
             self.resign()
             self._reader.close()
+            self.topics.close()
         return self.stats
 
     def readiness(self) -> Verdict:
@@ -208,6 +214,8 @@ class Relay:
                 self.prune()
                 next_prune = time.monotonic() + PRUNE_EVERY_S
             outcome = self.publish_available()
+            if self.leadership.leading and not self.kafka.outage.failing:
+                self.topics.look_again_if_due()  # a partition added, a configuration changed
             backoff.succeeded("database")
             if self.stop.is_set():
                 return  # what the stop released is not the broker's fault
@@ -254,6 +262,7 @@ class Relay:
         self.resign()
         self._reader.close()
         self.kafka.close()
+        self.topics.close()
 
 
 def in_recovery_line(server: store.Server) -> str:

@@ -435,6 +435,23 @@ def prune_batches(using: str, retention: timedelta) -> int:
         return cur.rowcount
 
 
+@dataclass(frozen=True, slots=True)
+class TopicPartitions:
+    """What recording a topic's partition count found: the count before, if it changed now,
+    and when a relay last found it changed (seconds since the epoch), if ever."""
+
+    previous: int | None
+    changed_at_s: float | None
+
+
+def record_topic_partitions(using: str, topic: str, partitions: int) -> TopicPartitions:
+    """Record `topic`'s partition count as seen now (migration 0011_topic_partitions)."""
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["record_topic_partitions"], {"topic": topic, "partitions": partitions})
+        previous, changed_at_s = one(cur)
+    return TopicPartitions(previous, changed_at_s)
+
+
 def list_parked(using: str, limit: int) -> list[ParkedMessage]:
     with server_cursor(using) as cur:
         cur.execute(QUERIES["list_parked"], {"limit": limit})

@@ -69,6 +69,8 @@ grant select on profile.outbox_message_states to pin_outbox_relay;
 -- role may. The outbox's guards (outbox migration 0013_stream_guards) run as their owner: the
 -- trigger outbox_messages_behind_position and outbox_stream_settle() (SECURITY DEFINER, its
 -- grant as before), whose subscription check reads only catalogs every role may read.
+-- Each topic's partition count as the relay last saw it (outbox/topic.py).
+grant select, insert, update on profile.outbox_topics to pin_outbox_relay;
 
 -- Observability: the worker's metrics server reports the outbox backlog (so it stays visible
 -- while the relay is down), reading only the bookkeeping timestamps, never payload or headers.
@@ -107,6 +109,6 @@ grant select (id, owner_user_id, expires_at, status, deleted_at, updated_at)
     on profile.person_documents to pin_reminder_auditor;
 grant select on profile.document_expiry_reminders, profile.document_expiry_reminder_runs,
     profile.outbox_messages, profile.outbox_relay_position, profile.outbox_relay_batches,
-    profile.outbox_message_states
+    profile.outbox_message_states, profile.outbox_topics
     to pin_reminder_auditor;
 alter role pin_reminder_auditor set default_transaction_read_only = on;

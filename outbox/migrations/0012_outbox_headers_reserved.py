@@ -77,7 +77,7 @@ $$;
 class Migration(migrations.Migration):
 
     dependencies = [
-        ("outbox", "0010_outbox_headers_aggregate"),
+        ("outbox", "0011_topic_partitions"),
     ]
 
     operations = [migrations.RunSQL(FORWARD_SQL, REVERSE_SQL)]

@@ -231,6 +231,22 @@ where b.published_at < now() - %(retention)s::interval
       where (m.txid, m.seq) <= (b.upto_txid, b.upto_seq)
         and m.detoured_at is null);
 
+-- record_topic_partitions: a topic's partition count as the relay sees it now (outbox/topic.py,
+-- migration 0011_topic_partitions): the count recorded before if it differed (null if it was the
+-- same, or none was recorded), and when a relay last found it changed (seconds since the epoch,
+-- null if never)
+with recorded as (
+    insert into outbox_topics as t (topic, partitions) values (%(topic)s, %(partitions)s)
+    on conflict (topic) do update
+        set partitions = excluded.partitions, previous_partitions = t.partitions,
+            changed_at = now()
+        where t.partitions <> excluded.partitions
+    returning previous_partitions, changed_at)
+select (select previous_partitions from recorded),
+       extract(epoch from coalesce((select changed_at from recorded),
+                                   (select changed_at from outbox_topics
+                                    where topic = %(topic)s)))::float8;
+
 -- list_parked: parked rows, oldest first, with the rows of their key held behind them in the slow
 -- lane (rows of the key the stream has not reached yet join them when it does)
 select p.id, p.message_key, p.event_type, p.attempts, p.parked_at, p.last_error,

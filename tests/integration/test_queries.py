@@ -23,7 +23,7 @@ SAMPLE = {
     "i_document_ids": [uuid.uuid4()], "i_types": ["Visa"], "i_number_masks": [None],
     "i_expires_on": [TODAY], "i_days_left": [3], "run_id": uuid.uuid4(),
     "reminded_at": "2026-11-29T03:00:00Z", "aggregate_type": "Profile", "event_type": "E",
-    "contract_version": 1, "topic": "t", "extra_headers": None,
+    "contract_version": 1, "topic": "t", "extra_headers": None, "partitions": 3,
     "as_of": datetime(2026, 11, 29, 3, 0, tzinfo=UTC),
     "host": "h", "trigger": "loop", "tick": datetime(2026, 11, 29, 3, 0, tzinfo=UTC),
     "status": "succeeded", "reminders_sent": 0, "owners_notified": 0, "markers_written": 0,
