@@ -19,6 +19,7 @@ from django.db import OperationalError, connection, migrations
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.state import ProjectState
 
+from core.logs import log_event
 from core.queries import QueryFile
 
 log = logging.getLogger(__name__)
@@ -129,9 +130,9 @@ def migrate_with_lock_retries(run: Callable[[], object], *, attempts: int = LOCK
             return attempt
         except MigrationLockTimeoutError as timeout:
             holders = lock_holders(timeout.statement)
-            log.warning("migration lock timeout", extra={
-                "migration": timeout.migration, "attempt": attempt, "attempts": attempts,
-                "statement": first_line(timeout.statement), "holders": holders})
+            log_event(log, logging.WARNING, "migration lock timeout",
+                      migration=timeout.migration, attempt=attempt, attempts=attempts,
+                      statement=first_line(timeout.statement), holders=holders)
             if attempt >= attempts:
                 held = "; ".join(holders) or "none left (it ended after the timeout)"
                 raise MigrationLockTimeoutError(
