@@ -8,6 +8,7 @@ whole `migrate` again, in a new transaction, a bounded number of times: the `mig
 """
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg.errors
+from django.contrib.postgres import operations as postgres_operations
 from django.db import OperationalError, connection, migrations
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.state import ProjectState
@@ -105,6 +107,26 @@ class LockTimeoutMigration(migrations.Migration):
 
         with schema_editor.connection.execute_wrapper(execute):
             yield
+
+
+class AddIndexConcurrently(postgres_operations.AddIndexConcurrently):
+    """Django's AddIndexConcurrently, rerunnable (squawk's prefer-robust-stmts): it drops an
+    index of that name first, since a concurrent build that failed or timed out leaves an
+    INVALID one behind that `IF NOT EXISTS` alone would keep, then builds it IF NOT EXISTS."""
+
+    def database_forwards(self, app_label: str, schema_editor: BaseDatabaseSchemaEditor,
+                          from_state: ProjectState, to_state: ProjectState) -> None:
+        self._ensure_not_in_transaction(schema_editor)
+        model = to_state.apps.get_model(app_label, self.model_name)
+        if not self.allow_migrate_model(schema_editor.connection.alias, model):
+            return
+        name = schema_editor.quote_name(self.index.name)
+        schema_editor.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {name}")
+        create = str(self.index.create_sql(model, schema_editor, concurrently=True))
+        schema_editor.execute(_CREATE_INDEX.sub(r"\g<0> IF NOT EXISTS", create, count=1))
+
+
+_CREATE_INDEX = re.compile(r"^CREATE (UNIQUE )?INDEX CONCURRENTLY")
 
 
 def lock_holders(statement: str) -> list[str]:

@@ -1,6 +1,6 @@
 """A migration waits at most its lock_timeout for a lock another session holds, is tried again in
-a new transaction, and fails naming the lock and its holder; a short lock is waited out
-(core/migration_ops.py)."""
+a new transaction, and fails naming the lock and its holder; a short lock is waited out; a
+concurrent index build runs again over the invalid index a failed one left (core/migration_ops.py)."""
 
 import threading
 from collections.abc import Iterator
@@ -9,14 +9,16 @@ from typing import Any
 import psycopg
 import pytest
 from django.core.management import call_command
-from django.db import connection, migrations
-from django.db.migrations.state import ProjectState
+from django.db import connection, migrations, models
+from django.db.migrations.state import ModelState, ProjectState
 
 from core.migration_ops import (
+    AddIndexConcurrently,
     LockTimeoutMigration,
     MigrationLockTimeoutError,
     migrate_with_lock_retries,
 )
+from core.migrations_lint import run_squawk
 from tests.conftest import test_database_url
 from tests.support.relay_support import wait_for
 
@@ -120,3 +122,58 @@ def test_migrate_takes_the_lock_options(transactional_db: None) -> None:
     call_command("migrate", lock_attempts=1, lock_retry_pause=0, verbosity=0)
     with pytest.raises(TypeError):
         call_command("migrate", lock_attempt=1)
+
+
+class IndexMigration(LockTimeoutMigration):
+    atomic = False
+    statement_timeout = "0"
+    operations = [AddIndexConcurrently(
+        "probe", models.Index(fields=["added"], name="index_probe_added"))]
+
+
+def index_probe_state() -> ProjectState:
+    state = ProjectState()
+    state.add_model(ModelState("index_probe", "probe", [
+        ("id", models.IntegerField(primary_key=True)), ("added", models.IntegerField(null=True))],
+        options={"db_table": "index_probe"}))
+    return state
+
+
+def probe_indexes() -> list[tuple[str, bool]]:
+    with connection.cursor() as cursor:
+        cursor.execute("select indexrelid::regclass::text, indisvalid from pg_index"
+                       " where indrelid = 'index_probe'::regclass order by 1")
+        return [(name, valid) for name, valid in cursor.fetchall()]
+
+
+@pytest.fixture
+def index_probe(transactional_db: None) -> Iterator[None]:
+    with connection.cursor() as cursor:
+        cursor.execute("create table index_probe (id integer primary key, added integer)")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("drop table index_probe")
+
+
+def test_a_concurrent_index_build_runs_again_over_an_invalid_leftover(index_probe: None) -> None:
+    def build() -> None:
+        with connection.schema_editor(atomic=False) as editor:
+            IndexMigration("0002_index", "index_probe").apply(index_probe_state(), editor)
+
+    build()
+    assert probe_indexes() == [("index_probe_added", True), ("index_probe_pkey", True)]
+    with connection.cursor() as cursor:  # what a build that timed out half-way leaves
+        cursor.execute("update pg_index set indisvalid = false"
+                       " where indexrelid = 'index_probe_added'::regclass")
+    build()
+    assert probe_indexes() == [("index_probe_added", True), ("index_probe_pkey", True)]
+
+
+def test_the_concurrent_index_build_passes_squawk(index_probe: None) -> None:
+    with connection.schema_editor(collect_sql=True, atomic=False) as editor:
+        IndexMigration("0002_index", "index_probe").apply(index_probe_state(), editor,
+                                                          collect_sql=True)
+    assert [sql for sql in editor.collected_sql if not sql.startswith("--")][2:] == [
+        'DROP INDEX CONCURRENTLY IF EXISTS "index_probe_added";',
+        'CREATE INDEX CONCURRENTLY IF NOT EXISTS "index_probe_added" ON "index_probe" ("added");']
+    assert run_squawk({"index_probe.0002_index": "\n".join(editor.collected_sql)}) == []
