@@ -84,7 +84,6 @@ class Cycle:
         observer: CycleObserver | None = None,
         tick: datetime | None = None,
     ) -> None:
-        self.settings = settings
         as_of = (as_of or datetime.now(UTC)).astimezone(UTC)
         self.scope = Scope(
             settings=settings, using=using, run_id=uuid.uuid4(), as_of=as_of,
@@ -92,7 +91,6 @@ class Cycle:
                                      settings.retention_days),
             max_documents_per_event=max_documents_per_event, tick=tick,
         )
-        self.as_of, self.using, self.window = as_of, using, self.scope.window
         self.stop = stop or threading.Event()
         self.clock = clock
         self.dry_run = dry_run
@@ -107,8 +105,9 @@ class Cycle:
     def run(self) -> CycleResult:
         """Run the cycle to its end (done, timed out, stopped or failed) and return its result."""
         try:
-            start = CycleStart(self.result.run_id, self.as_of, self.settings.batch_size,
-                               tuple(self.settings.thresholds), self.dry_run)
+            scope = self.scope
+            start = CycleStart(scope.run_id, scope.as_of, scope.settings.batch_size,
+                               tuple(scope.settings.thresholds), self.dry_run)
             headers = {**(self.extra_headers or {}), **self.observer.cycle_started(start)}
             ledger = (DryRun if self.dry_run else Writes)(self.scope, headers)
             return self._run(ledger)
@@ -116,20 +115,21 @@ class Cycle:
             self.observer.cycle_finished(self.result)
 
     def _run(self, ledger: Ledger) -> CycleResult:
+        scope, settings = self.scope, self.scope.settings
         started = self.clock()
-        self._deadline = started + self.settings.max_run_duration.total_seconds()
+        self._deadline = started + settings.max_run_duration.total_seconds()
         result = self.result
         log_event(
             logger, logging.INFO, "cycle started",
-            run_id=result.run_id, as_of=self.as_of, thresholds=list(self.settings.thresholds),
-            batch_size=self.settings.batch_size, dry_run=ledger.dry_run,
-            window=[self.window.first_day, self.window.last_day],
+            run_id=result.run_id, as_of=scope.as_of, thresholds=list(settings.thresholds),
+            batch_size=settings.batch_size, dry_run=ledger.dry_run,
+            window=[scope.window.first_day, scope.window.last_day],
         )
         try:
             self._remind_and_prune(ledger)
         except (ConnectionLostError, *DatabaseErrors) as exc:
             result.status = ReminderRun.Status.FAILED
-            result.failure = classify_on(exc, self.using)
+            result.failure = classify_on(exc, scope.using)
             result.error = result.failure.reason
             log_event(logger, logging.ERROR, "cycle failed", run_id=result.run_id,
                       **result.failure.fields())
@@ -148,10 +148,10 @@ class Cycle:
         return result
 
     def _remind_and_prune(self, ledger: Ledger) -> None:
-        result = self.result
+        result, scope = self.result, self.scope
         ledger.start()
         with store.due_owners(
-            self.using, self.window, self.settings.thresholds, self.scope.as_of_date
+            scope.using, scope.window, scope.settings.thresholds, scope.as_of_date
         ) as due:
             result.window_documents, result.due_documents = (
                 due.window_documents, due.due_documents)
@@ -161,7 +161,7 @@ class Cycle:
             # Timed out too, or a ledger whose every cycle times out grows without bound; the
             # prune gets the rest of the cycle's budget, and at least a budget of its own.
             until = max(self._deadline,
-                        self.clock() + self.settings.prune_budget.total_seconds())
+                        self.clock() + scope.settings.prune_budget.total_seconds())
             result.pruned = ledger.prune(self.stop, lambda: self.clock() >= until)
             if result.failed_owners and result.status == ReminderRun.Status.SUCCEEDED:
                 result.status = ReminderRun.Status.PARTIAL
@@ -170,7 +170,8 @@ class Cycle:
         return self.clock() >= self._deadline
 
     def _remind_due_owners(self, ledger: Ledger, due: store.DueOwners) -> str:
-        for batch in owner_batches(due.fetch, self.settings.batch_size):
+        settings = self.scope.settings
+        for batch in owner_batches(due.fetch, settings.batch_size):
             if self.stop.is_set():
                 log_event(logger, logging.WARNING, "cycle stopping on signal",
                           run_id=self.result.run_id)
@@ -178,7 +179,7 @@ class Cycle:
             if self._out_of_time():
                 log_event(logger, logging.WARNING, "cycle out of time",
                           run_id=self.result.run_id,
-                          max_run_duration_s=self.settings.max_run_duration.total_seconds())
+                          max_run_duration_s=settings.max_run_duration.total_seconds())
                 return ReminderRun.Status.TIMED_OUT
             log_event(logger, logging.INFO, "batch selected", run_id=self.result.run_id,
                       owners=len(batch.owners), documents=batch.documents)
@@ -192,10 +193,11 @@ class Cycle:
         try:
             outcome = ledger.claim(owners)
         except DatabaseErrors:
+            using = self.scope.using
             owner_ids = [owner.owner_user_id for owner in owners]
-            if not connection_alive(self.using):
+            if not connection_alive(using):
                 lost = ConnectionLostError("database connection lost")
-                self._fail_owners(owner_ids, classify_on(lost, self.using))
+                self._fail_owners(owner_ids, classify_on(lost, using))
                 raise lost from None
             log_event(logger, logging.WARNING, "batch failed, retrying owner by owner",
                       run_id=self.result.run_id, owners=len(owners), exc_info=True)
@@ -205,8 +207,8 @@ class Cycle:
                     counts += self._account(ledger, ledger.claim([owner]), owners=1)
                 except DatabaseErrors as exc:
                     counts += self._fail_owners([owner.owner_user_id],
-                                                classify_on(exc, self.using))
-                    if not connection_alive(self.using):
+                                                classify_on(exc, using))
+                    if not connection_alive(using):
                         raise ConnectionLostError("database connection lost") from None
             return counts
         return self._account(ledger, outcome, owners=len(owners))
