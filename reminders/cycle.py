@@ -93,7 +93,6 @@ class Cycle:
         )
         self.stop = stop or threading.Event()
         self.clock = clock
-        self.dry_run = dry_run
         self.progress = progress
         self.extra_headers = extra_headers
         self.observer = observer or CycleObserver()
@@ -107,9 +106,9 @@ class Cycle:
         try:
             scope = self.scope
             start = CycleStart(scope.run_id, scope.as_of, scope.settings.batch_size,
-                               tuple(scope.settings.thresholds), self.dry_run)
+                               tuple(scope.settings.thresholds), self.result.dry_run)
             headers = {**(self.extra_headers or {}), **self.observer.cycle_started(start)}
-            ledger = (DryRun if self.dry_run else Writes)(self.scope, headers)
+            ledger: Ledger = DryRun(scope) if self.result.dry_run else Writes(scope, headers)
             return self._run(ledger)
         finally:
             self.observer.cycle_finished(self.result)
@@ -122,7 +121,7 @@ class Cycle:
         log_event(
             logger, logging.INFO, "cycle started",
             run_id=result.run_id, as_of=scope.as_of, thresholds=list(settings.thresholds),
-            batch_size=settings.batch_size, dry_run=ledger.dry_run,
+            batch_size=settings.batch_size, dry_run=result.dry_run,
             window=[scope.window.first_day, scope.window.last_day],
         )
         try:
@@ -137,7 +136,7 @@ class Cycle:
         ledger.finish(result)
         log_event(
             logger, logging.INFO, "cycle completed",
-            run_id=result.run_id, status=result.status, dry_run=ledger.dry_run,
+            run_id=result.run_id, status=result.status, dry_run=result.dry_run,
             reminders_sent=result.reminders_sent, owners_notified=result.owners_notified,
             markers_written=result.markers_written, markers_rearmed=result.markers_rearmed,
             owners_already_queued=result.owners_already_queued,

@@ -19,7 +19,7 @@ class CycleResult:
     run_id: uuid.UUID
     as_of: datetime
     status: str = ReminderRun.Status.RUNNING
-    dry_run: bool = False
+    dry_run: bool = False  # the cycle's one record of --dry-run: its ledger and observers read it here
     window_documents: int = 0
     due_documents: int = 0
     reminders_sent: int = 0
