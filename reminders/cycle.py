@@ -79,7 +79,6 @@ class Cycle:
         clock: Clock = time.monotonic,
         dry_run: bool = False,
         progress: Progress | None = None,
-        extra_headers: dict[str, str] | None = None,
         max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT,
         observer: CycleObserver | None = None,
         tick: datetime | None = None,
@@ -94,7 +93,6 @@ class Cycle:
         self.stop = stop or threading.Event()
         self.clock = clock
         self.progress = progress
-        self.extra_headers = extra_headers
         self.observer = observer or CycleObserver()
         self.result = CycleResult(run_id=self.scope.run_id, as_of=as_of, dry_run=dry_run)
         self._deadline = 0.0
@@ -107,7 +105,7 @@ class Cycle:
             scope = self.scope
             start = CycleStart(scope.run_id, scope.as_of, scope.settings.batch_size,
                                tuple(scope.settings.thresholds), self.result.dry_run)
-            headers = {**(self.extra_headers or {}), **self.observer.cycle_started(start)}
+            headers = self.observer.cycle_started(start)  # a trace context, into every event
             ledger: Ledger = DryRun(scope) if self.result.dry_run else Writes(scope, headers)
             return self._run(ledger)
         finally:
