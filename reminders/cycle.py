@@ -43,10 +43,6 @@ class OwnerBatch(NamedTuple):
     owners: list[store.DueOwner]
     documents: int
 
-    @property
-    def owner_ids(self) -> list[uuid.UUID]:
-        return [owner.owner_user_id for owner in self.owners]
-
 
 def owner_batches(
     rows: Callable[[int], Sequence[store.DueOwner]], batch_size: int
@@ -191,29 +187,26 @@ class Cycle:
             outcome = ledger.claim(owners)
         except DatabaseErrors:
             using = self.scope.using
-            owner_ids = [owner.owner_user_id for owner in owners]
             if not connection_alive(using):
                 lost = ConnectionLostError("database connection lost")
-                self._fail_owners(owner_ids, classify_on(lost, using))
+                self._fail_owners(owners, classify_on(lost, using))
                 raise lost from None
             log_event(logger, logging.WARNING, "batch failed, retrying owner by owner",
                       run_id=self.result.run_id, owners=len(owners), exc_info=True)
             counts = BatchCounts()
             for owner in owners:
                 try:
-                    counts += self._account(ledger, ledger.claim([owner]), owners=1)
+                    counts += self._account(ledger, ledger.claim([owner]))
                 except DatabaseErrors as exc:
-                    counts += self._fail_owners([owner.owner_user_id],
-                                                classify_on(exc, using))
+                    counts += self._fail_owners([owner], classify_on(exc, using))
                     if not connection_alive(using):
                         raise ConnectionLostError("database connection lost") from None
             return counts
-        return self._account(ledger, outcome, owners=len(owners))
+        return self._account(ledger, outcome)
 
-    def _account(self, ledger: Ledger, outcome: store.BatchClaim, *, owners: int) -> BatchCounts:
+    def _account(self, ledger: Ledger, outcome: store.BatchClaim) -> BatchCounts:
         """Count a committed batch, and log its reminders now that they are durable."""
         result = self.result
-        result.owners_processed += owners
         result.documents_processed += outcome.due_documents
         result.markers_written += outcome.markers_won
         result.markers_rearmed += outcome.markers_rearmed
@@ -232,13 +225,13 @@ class Cycle:
         return BatchCounts(documents=outcome.due_documents, reminders_sent=len(outcome.notified),
                            owners_notified=outcome.events_written)
 
-    def _fail_owners(self, owner_ids: list[uuid.UUID], failure: DatabaseFailure) -> BatchCounts:
-        self.result.failed_owners += len(owner_ids)
+    def _fail_owners(self, owners: list[store.DueOwner], failure: DatabaseFailure) -> BatchCounts:
+        self.result.failed_owners += len(owners)
         self.result.owner_failure = self.result.owner_failure or failure
-        for owner_id in owner_ids:
+        for owner in owners:
             log_event(logger, logging.ERROR, "owner failed", run_id=self.result.run_id,
-                      owner_user_id=owner_id, **failure.fields())
-        return BatchCounts(failed_owners=len(owner_ids))
+                      owner_user_id=owner.owner_user_id, **failure.fields())
+        return BatchCounts(failed_owners=len(owners))
 
 
 def run_cycle(settings: ReminderSettings, **kwargs: Any) -> CycleResult:

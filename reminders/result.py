@@ -37,7 +37,6 @@ class CycleResult:
     failure: DatabaseFailure | None = None  # why a failed cycle failed (core.failures)
     owner_failure: DatabaseFailure | None = None  # why the first failed owner failed
     reminders_by_threshold: Counter[int] = field(default_factory=Counter)
-    owners_processed: int = 0
     documents_processed: int = 0
 
     def counters(self) -> dict[str, int]:
