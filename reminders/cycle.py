@@ -121,11 +121,10 @@ class Cycle:
         try:
             self._remind_and_prune(ledger)
         except (ConnectionLostError, *DatabaseErrors) as exc:
-            result.status = ReminderRun.Status.FAILED
-            result.failure = classify_on(exc, scope.using)
-            result.error = result.failure.reason
+            failure = classify_on(exc, scope.using)
+            result.fail(failure)
             log_event(logger, logging.ERROR, "cycle failed", run_id=result.run_id,
-                      **result.failure.fields())
+                      **failure.fields())
         result.duration_ms = int((self.clock() - started) * 1000)
         ledger.finish(result)
         log_event(
