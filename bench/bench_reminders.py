@@ -293,13 +293,7 @@ def run_floor(conn: psycopg.Connection[Any], config: BenchConfig, as_of: datetim
     params = {
         **window_params(config, as_of),
         "run_id": uuid.uuid4(),
-        "reminded_at": events.format_instant(as_of),
-        "aggregate_type": events.AGGREGATE_TYPE,
-        "event_type": events.EVENT_TYPE,
-        "contract_version": events.CONTRACT_VERSION,
-        "topic": events.TOPIC,
-        "message_id_namespace": events.MESSAGE_ID_NAMESPACE,
-        "unknown_type": events.UNKNOWN_DOCUMENT_TYPE,
+        **events.envelope_params(as_of),
         "extra_headers": None,  # as the worker without tracing
     }
     activity = _Activity.now(conn)
