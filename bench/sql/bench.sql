@@ -11,10 +11,7 @@ where d.status = 'Active'
   and d.expires_at < %(window_end)s;
 
 -- floor_documents: the floor's documents: every window document in one pass, with its markers' thresholds (marked: for its current expiry date; stale: for another), the columns claim_batch's `docs` reads for a batch by id; the floor is the worker's claim_batch with these as its `docs` (bench_reminders.floor_statement)
-select d.id, d.owner_user_id, d.type, d.number_mask, d.expires_on,
-       coalesce(m.marked, '{}'::int[]) as marked,
-       coalesce(m.stale, '{}'::int[]) as stale
-from (
+with window_docs as (
     select d.id, d.owner_user_id, d.type, d.number_mask,
            (d.expires_at at time zone 'UTC')::date as expires_on
     from person_documents d
@@ -23,23 +20,21 @@ from (
       and d.expires_at is not null
       and d.expires_at >= %(window_start)s
       and d.expires_at < %(window_end)s
-) d
-left join (
+),
+marks as (
     -- the window's markers in one join, not a probe a document: the floor has no batch
     select w.id as document_id,
-           array_agg(r.threshold_days)
-               filter (where r.expires_at = (w.expires_at at time zone 'UTC')::date) as marked,
-           array_agg(r.threshold_days)
-               filter (where r.expires_at <> (w.expires_at at time zone 'UTC')::date) as stale
-    from person_documents w
+           array_agg(r.threshold_days) filter (where r.expires_at = w.expires_on) as marked,
+           array_agg(r.threshold_days) filter (where r.expires_at <> w.expires_on) as stale
+    from window_docs w
     join document_expiry_reminders r on r.document_id = w.id
-    where w.status = 'Active'
-      and w.deleted_at is null
-      and w.expires_at is not null
-      and w.expires_at >= %(window_start)s
-      and w.expires_at < %(window_end)s
     group by w.id
-) m on m.document_id = d.id;
+)
+select w.id, w.owner_user_id, w.type, w.number_mask, w.expires_on,
+       coalesce(m.marked, '{}'::int[]) as marked,
+       coalesce(m.stale, '{}'::int[]) as stale
+from window_docs w
+left join marks m on m.document_id = w.id;
 
 -- reset_cycle_output: empty the ledger, the outbox and the run history (between floor and worker)
 truncate document_expiry_reminders, outbox_messages, document_expiry_reminder_runs;
