@@ -5,8 +5,9 @@
     python -m bench.bench_reminders --shape backlog -n 100000
 
 Builds the shape's data set with COPY in a fresh database, then times, on the same data: the
-floor (the whole cold cycle as one SQL statement), the worker's cold cycle (checked to write
-exactly the floor's markers and events), the warm cycle (same as-of again), the next day
+floor (the whole cold cycle as one SQL statement: the worker's claim statement over the
+whole window, `floor_statement`), the worker's cold cycle (checked to write exactly the floor's
+markers and events, headers included), the warm cycle (same as-of again), the next day
 (as-of + 1 day) and a prune (a month of expiries at once). Before the floor and before the
 cold cycle, about 1 window document in 20 gets markers of an earlier expiry date (as a
 renewal leaves them), so both re-arm the same markers (docs/design.md §3.2, renewal
@@ -61,6 +62,28 @@ PRUNE_AHEAD = timedelta(days=30)
 
 def bench_query(name: str) -> str:
     return load(BENCH_SQL)[name]
+
+
+CLAIM_DOCS = "with docs as materialized ("  # claim_batch's first CTE: the batch's documents
+CLAIM_AFTER_DOCS = "\n),\nremaining as ("
+
+
+def floor_statement() -> str:
+    """The floor: the worker's own claim statement (`claim_batch` in reminders/sql/queries.sql)
+    over the whole window at once, returning its totals only. Its `docs` (a batch's documents,
+    by id) is the one part the floor replaces (`floor_documents`: the window in one pass), so
+    the floor cannot drift from the claim it is the floor of."""
+    claim = load(WORKER_SQL)["claim_batch"]
+    docs_end = claim.find(CLAIM_AFTER_DOCS)
+    final = claim.rfind("\nselect ")  # the statement's own select (its CTEs are indented)
+    if not claim.startswith(CLAIM_DOCS) or docs_end < 0 or final < docs_end:
+        raise RuntimeError("claim_batch no longer opens with its `docs` CTE and ends with one "
+                           "select: bench_reminders.floor_statement must follow it")
+    shared = claim[docs_end:final].splitlines()
+    while shared[-1].startswith("--"):  # the comment of the select the floor replaces
+        shared.pop()
+    return (f"{CLAIM_DOCS}\n{bench_query('floor_documents')}" + "\n".join(shared)
+            + "\nselect markers_won, events_written from totals")
 
 
 def _yesterday() -> datetime:
@@ -270,16 +293,12 @@ def run_floor(conn: psycopg.Connection[Any], config: BenchConfig, as_of: datetim
     params = {
         **window_params(config, as_of),
         "run_id": uuid.uuid4(),
-        "reminded_at": events.format_instant(as_of),
-        "aggregate_type": events.AGGREGATE_TYPE,
-        "event_type": events.EVENT_TYPE,
-        "contract_version": events.CONTRACT_VERSION,
-        "topic": events.TOPIC,
-        "message_id_namespace": events.MESSAGE_ID_NAMESPACE,
+        **events.envelope_params(as_of),
+        "extra_headers": None,  # as the worker without tracing
     }
     activity = _Activity.now(conn)
     started = time.perf_counter()
-    row = _one(conn, bench_query("floor_cycle"), params)
+    row = _one(conn, floor_statement(), params)
     seconds = time.perf_counter() - started
     wal = Phase("", 0.0)
     activity.since(conn, wal)

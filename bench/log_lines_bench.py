@@ -63,7 +63,7 @@ def _measure(batches: Sequence[list[tuple[Any, ...]]], level: int) -> tuple[floa
             writes = ledger.Writes(runner.scope)
             process, thread = time.process_time(), time.thread_time()
             for rows in batches:
-                runner._account(writes, store.claim_from_rows(rows), owners=len(rows))
+                runner._account(writes, store.claim_from_rows(rows))
             handler.flush()
             process, thread = time.process_time() - process, time.thread_time() - thread
         finally:

@@ -43,10 +43,6 @@ class OwnerBatch(NamedTuple):
     owners: list[store.DueOwner]
     documents: int
 
-    @property
-    def owner_ids(self) -> list[uuid.UUID]:
-        return [owner.owner_user_id for owner in self.owners]
-
 
 def owner_batches(
     rows: Callable[[int], Sequence[store.DueOwner]], batch_size: int
@@ -79,12 +75,10 @@ class Cycle:
         clock: Clock = time.monotonic,
         dry_run: bool = False,
         progress: Progress | None = None,
-        extra_headers: dict[str, str] | None = None,
         max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT,
         observer: CycleObserver | None = None,
         tick: datetime | None = None,
     ) -> None:
-        self.settings = settings
         as_of = (as_of or datetime.now(UTC)).astimezone(UTC)
         self.scope = Scope(
             settings=settings, using=using, run_id=uuid.uuid4(), as_of=as_of,
@@ -92,12 +86,9 @@ class Cycle:
                                      settings.retention_days),
             max_documents_per_event=max_documents_per_event, tick=tick,
         )
-        self.as_of, self.using, self.window = as_of, using, self.scope.window
         self.stop = stop or threading.Event()
         self.clock = clock
-        self.dry_run = dry_run
         self.progress = progress
-        self.extra_headers = extra_headers
         self.observer = observer or CycleObserver()
         self.result = CycleResult(run_id=self.scope.run_id, as_of=as_of, dry_run=dry_run)
         self._deadline = 0.0
@@ -107,37 +98,38 @@ class Cycle:
     def run(self) -> CycleResult:
         """Run the cycle to its end (done, timed out, stopped or failed) and return its result."""
         try:
-            start = CycleStart(self.result.run_id, self.as_of, self.settings.batch_size,
-                               tuple(self.settings.thresholds), self.dry_run)
-            headers = {**(self.extra_headers or {}), **self.observer.cycle_started(start)}
-            ledger = (DryRun if self.dry_run else Writes)(self.scope, headers)
+            scope = self.scope
+            start = CycleStart(scope.run_id, scope.as_of, scope.settings.batch_size,
+                               tuple(scope.settings.thresholds), self.result.dry_run)
+            headers = self.observer.cycle_started(start)  # a trace context, into every event
+            ledger: Ledger = DryRun(scope) if self.result.dry_run else Writes(scope, headers)
             return self._run(ledger)
         finally:
             self.observer.cycle_finished(self.result)
 
     def _run(self, ledger: Ledger) -> CycleResult:
+        scope, settings = self.scope, self.scope.settings
         started = self.clock()
-        self._deadline = started + self.settings.max_run_duration.total_seconds()
+        self._deadline = started + settings.max_run_duration.total_seconds()
         result = self.result
         log_event(
             logger, logging.INFO, "cycle started",
-            run_id=result.run_id, as_of=self.as_of, thresholds=list(self.settings.thresholds),
-            batch_size=self.settings.batch_size, dry_run=ledger.dry_run,
-            window=[self.window.first_day, self.window.last_day],
+            run_id=result.run_id, as_of=scope.as_of, thresholds=list(settings.thresholds),
+            batch_size=settings.batch_size, dry_run=result.dry_run,
+            window=[scope.window.first_day, scope.window.last_day],
         )
         try:
             self._remind_and_prune(ledger)
         except (ConnectionLostError, *DatabaseErrors) as exc:
-            result.status = ReminderRun.Status.FAILED
-            result.failure = classify_on(exc, self.using)
-            result.error = result.failure.reason
+            failure = classify_on(exc, scope.using)
+            result.fail(failure)
             log_event(logger, logging.ERROR, "cycle failed", run_id=result.run_id,
-                      **result.failure.fields())
+                      **failure.fields())
         result.duration_ms = int((self.clock() - started) * 1000)
         ledger.finish(result)
         log_event(
             logger, logging.INFO, "cycle completed",
-            run_id=result.run_id, status=result.status, dry_run=ledger.dry_run,
+            run_id=result.run_id, status=result.status, dry_run=result.dry_run,
             reminders_sent=result.reminders_sent, owners_notified=result.owners_notified,
             markers_written=result.markers_written, markers_rearmed=result.markers_rearmed,
             owners_already_queued=result.owners_already_queued,
@@ -148,10 +140,10 @@ class Cycle:
         return result
 
     def _remind_and_prune(self, ledger: Ledger) -> None:
-        result = self.result
+        result, scope = self.result, self.scope
         ledger.start()
         with store.due_owners(
-            self.using, self.window, self.settings.thresholds, self.scope.as_of_date
+            scope.using, scope.window, scope.settings.thresholds, scope.as_of_date
         ) as due:
             result.window_documents, result.due_documents = (
                 due.window_documents, due.due_documents)
@@ -161,7 +153,7 @@ class Cycle:
             # Timed out too, or a ledger whose every cycle times out grows without bound; the
             # prune gets the rest of the cycle's budget, and at least a budget of its own.
             until = max(self._deadline,
-                        self.clock() + self.settings.prune_budget.total_seconds())
+                        self.clock() + scope.settings.prune_budget.total_seconds())
             result.pruned = ledger.prune(self.stop, lambda: self.clock() >= until)
             if result.failed_owners and result.status == ReminderRun.Status.SUCCEEDED:
                 result.status = ReminderRun.Status.PARTIAL
@@ -170,7 +162,8 @@ class Cycle:
         return self.clock() >= self._deadline
 
     def _remind_due_owners(self, ledger: Ledger, due: store.DueOwners) -> str:
-        for batch in owner_batches(due.fetch, self.settings.batch_size):
+        settings = self.scope.settings
+        for batch in owner_batches(due.fetch, settings.batch_size):
             if self.stop.is_set():
                 log_event(logger, logging.WARNING, "cycle stopping on signal",
                           run_id=self.result.run_id)
@@ -178,7 +171,7 @@ class Cycle:
             if self._out_of_time():
                 log_event(logger, logging.WARNING, "cycle out of time",
                           run_id=self.result.run_id,
-                          max_run_duration_s=self.settings.max_run_duration.total_seconds())
+                          max_run_duration_s=settings.max_run_duration.total_seconds())
                 return ReminderRun.Status.TIMED_OUT
             log_event(logger, logging.INFO, "batch selected", run_id=self.result.run_id,
                       owners=len(batch.owners), documents=batch.documents)
@@ -192,29 +185,27 @@ class Cycle:
         try:
             outcome = ledger.claim(owners)
         except DatabaseErrors:
-            owner_ids = [owner.owner_user_id for owner in owners]
-            if not connection_alive(self.using):
+            using = self.scope.using
+            if not connection_alive(using):
                 lost = ConnectionLostError("database connection lost")
-                self._fail_owners(owner_ids, classify_on(lost, self.using))
+                self._fail_owners(owners, classify_on(lost, using))
                 raise lost from None
             log_event(logger, logging.WARNING, "batch failed, retrying owner by owner",
                       run_id=self.result.run_id, owners=len(owners), exc_info=True)
             counts = BatchCounts()
             for owner in owners:
                 try:
-                    counts += self._account(ledger, ledger.claim([owner]), owners=1)
+                    counts += self._account(ledger, ledger.claim([owner]))
                 except DatabaseErrors as exc:
-                    counts += self._fail_owners([owner.owner_user_id],
-                                                classify_on(exc, self.using))
-                    if not connection_alive(self.using):
+                    counts += self._fail_owners([owner], classify_on(exc, using))
+                    if not connection_alive(using):
                         raise ConnectionLostError("database connection lost") from None
             return counts
-        return self._account(ledger, outcome, owners=len(owners))
+        return self._account(ledger, outcome)
 
-    def _account(self, ledger: Ledger, outcome: store.BatchClaim, *, owners: int) -> BatchCounts:
+    def _account(self, ledger: Ledger, outcome: store.BatchClaim) -> BatchCounts:
         """Count a committed batch, and log its reminders now that they are durable."""
         result = self.result
-        result.owners_processed += owners
         result.documents_processed += outcome.due_documents
         result.markers_written += outcome.markers_won
         result.markers_rearmed += outcome.markers_rearmed
@@ -233,13 +224,13 @@ class Cycle:
         return BatchCounts(documents=outcome.due_documents, reminders_sent=len(outcome.notified),
                            owners_notified=outcome.events_written)
 
-    def _fail_owners(self, owner_ids: list[uuid.UUID], failure: DatabaseFailure) -> BatchCounts:
-        self.result.failed_owners += len(owner_ids)
+    def _fail_owners(self, owners: list[store.DueOwner], failure: DatabaseFailure) -> BatchCounts:
+        self.result.failed_owners += len(owners)
         self.result.owner_failure = self.result.owner_failure or failure
-        for owner_id in owner_ids:
+        for owner in owners:
             log_event(logger, logging.ERROR, "owner failed", run_id=self.result.run_id,
-                      owner_user_id=owner_id, **failure.fields())
-        return BatchCounts(failed_owners=len(owner_ids))
+                      owner_user_id=owner.owner_user_id, **failure.fields())
+        return BatchCounts(failed_owners=len(owners))
 
 
 def run_cycle(settings: ReminderSettings, **kwargs: Any) -> CycleResult:

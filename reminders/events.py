@@ -66,3 +66,17 @@ def message_id(owner_user_id: uuid.UUID, items: Iterable[ReminderItem]) -> uuid.
     digest[6] = (digest[6] & 0x0F) | 0x80  # version 8
     digest[8] = (digest[8] & 0x3F) | 0x80  # the RFC 4122/9562 variant
     return uuid.UUID(bytes=bytes(digest))
+
+
+def envelope_params(as_of: datetime) -> dict[str, object]:
+    """The event's envelope as the claim statement's parameters: `store.claim_batch`'s, and
+    the benchmark's floor's, which runs the same statement (bench/bench_reminders.py)."""
+    return {
+        "reminded_at": format_instant(as_of),
+        "aggregate_type": AGGREGATE_TYPE,
+        "event_type": EVENT_TYPE,
+        "contract_version": CONTRACT_VERSION,
+        "topic": TOPIC,
+        "message_id_namespace": MESSAGE_ID_NAMESPACE,
+        "unknown_type": UNKNOWN_DOCUMENT_TYPE,
+    }

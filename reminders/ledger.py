@@ -49,7 +49,6 @@ class Scope:
 class Ledger(Protocol):
     """The ledger as a cycle uses it."""
 
-    dry_run: bool
     reminder_event: str  # the log line of each reminder a claim returns
 
     def start(self) -> None:
@@ -68,7 +67,6 @@ class Ledger(Protocol):
 class Writes:
     """The cycle's ledger: the run history, the markers and the outbox events."""
 
-    dry_run = False
     reminder_event = "reminder queued"
 
     def __init__(self, scope: Scope, extra_headers: Mapping[str, str] | None = None) -> None:
@@ -135,10 +133,9 @@ class DryRun:
     """`--dry-run`: what the cycle would claim and prune, decided by `rules.decide` in Python
     (`reminders.plan`); no run is recorded and nothing is written."""
 
-    dry_run = True
     reminder_event = "reminder due"
 
-    def __init__(self, scope: Scope, extra_headers: Mapping[str, str] | None = None) -> None:
+    def __init__(self, scope: Scope) -> None:
         self.scope = scope
 
     def start(self) -> None:

@@ -16,7 +16,7 @@ from core.logs import log_event
 from core.supervise import Backoff, Wait, supervise
 from reminders import schedule, store
 from reminders.config import ReminderSettings
-from reminders.models import SUCCESSFUL_STATUSES, ReminderRun
+from reminders.models import SUCCESSFUL_STATUSES
 from reminders.result import CycleResult
 
 logger = logging.getLogger("reminders.loop")
@@ -57,9 +57,8 @@ def run_loop(
         recorded = [t for t in (store.last_loop_tick(using), done) if t is not None]
         if schedule.tick_missed(max(recorded, default=None), tick):
             result = run_one(tick=tick)
-            if result.status == ReminderRun.Status.FAILED:
-                raise CycleFailedError(result.failure or classify_on(
-                    ConnectionError(result.error or "cycle failed"), using))
+            if result.failure is not None:  # the cycle failed (CycleResult.fail)
+                raise CycleFailedError(result.failure)
             if result.status in SUCCESSFUL_STATUSES:
                 done = tick
             backoff.succeeded()

@@ -127,8 +127,8 @@ def _describe_result(span: Span, result: CycleResult) -> None:
         "reminders.pruned": result.pruned,
         "reminders.duration_ms": result.duration_ms,
     })
-    if result.status == ReminderRun.Status.FAILED:
-        span.set_status(Status(StatusCode.ERROR, result.error or "cycle failed"))
+    if result.failure is not None:  # the cycle failed (CycleResult.fail)
+        span.set_status(Status(StatusCode.ERROR, result.failure.reason))
 
 
 class Observers(CycleObserver):

@@ -19,7 +19,7 @@ class CycleResult:
     run_id: uuid.UUID
     as_of: datetime
     status: str = ReminderRun.Status.RUNNING
-    dry_run: bool = False
+    dry_run: bool = False  # the cycle's one record of --dry-run: its ledger and observers read it here
     window_documents: int = 0
     due_documents: int = 0
     reminders_sent: int = 0
@@ -33,11 +33,9 @@ class CycleResult:
     pruned: int = 0
     failed_owners: int = 0
     duration_ms: int = 0
-    error: str | None = None
-    failure: DatabaseFailure | None = None  # why a failed cycle failed (core.failures)
+    failure: DatabaseFailure | None = None  # why a failed cycle failed (core.failures): `fail`
     owner_failure: DatabaseFailure | None = None  # why the first failed owner failed
     reminders_by_threshold: Counter[int] = field(default_factory=Counter)
-    owners_processed: int = 0
     documents_processed: int = 0
 
     def counters(self) -> dict[str, int]:
@@ -53,17 +51,26 @@ class CycleResult:
             "failed_owners": self.failed_owners,
         }
 
+    def fail(self, failure: DatabaseFailure) -> None:
+        """The cycle failed, for `failure`: its status and its cause set together."""
+        self.status = ReminderRun.Status.FAILED
+        self.failure = failure
+
+    @property
+    def error(self) -> str | None:
+        """The run history's `error`: the failure's one line (None if the cycle did not fail)."""
+        return self.failure.reason if self.failure else None
+
     def failure_line(self) -> str | None:
         """The one line a manual run ends with when something failed (None if nothing did):
         what failed first (the database unreachable, a missing table or grant, or another
         database error), and the owners that failed and are retried next cycle."""
         if self.ok:
             return None
-        if self.status == ReminderRun.Status.FAILED:
-            cause = self.failure.reason if self.failure else (self.error or "unknown error")
+        if self.failure is not None:
             owners = (f"; {self.failed_owners} owner(s) failed, they are retried next cycle"
                       if self.failed_owners else "")
-            return f"cycle failed: {cause}{owners}"
+            return f"cycle failed: {self.failure.reason}{owners}"
         first = f" ({self.owner_failure.reason})" if self.owner_failure else ""
         return (f"cycle {self.status}: {self.failed_owners} owner(s) failed{first}; "
                 "they are retried next cycle")

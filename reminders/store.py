@@ -198,14 +198,8 @@ def claim_batch(
         "document_ids": list(document_ids),
         **_window_params(window, thresholds, as_of_date),
         "run_id": run_id,
-        "reminded_at": events.format_instant(as_of),
-        "aggregate_type": events.AGGREGATE_TYPE,
-        "event_type": events.EVENT_TYPE,
-        "contract_version": events.CONTRACT_VERSION,
-        "topic": events.TOPIC,
-        "message_id_namespace": events.MESSAGE_ID_NAMESPACE,
+        **events.envelope_params(as_of),
         "extra_headers": json.dumps(extra_headers) if extra_headers else None,
-        "unknown_type": events.UNKNOWN_DOCUMENT_TYPE,
     }
     with server_cursor(using) as cur:
         cur.execute(QUERIES["claim_batch"], params, binary=True)

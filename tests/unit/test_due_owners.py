@@ -41,11 +41,12 @@ def test_due_owners_stop_at_the_first_owner_with_nothing_due(batch_size: int) ->
     batches = list(owner_batches(due.fetch, batch_size))
 
     assert (due.window_documents, due.due_documents) == (16, 8)
-    assert [owner for batch in batches for owner in batch.owner_ids] == [r[0] for r in rows[:5]]
+    assert [owner.owner_user_id for batch in batches for owner in batch.owners] == [
+        r[0] for r in rows[:5]]
     assert [owner.document_ids for batch in batches for owner in batch.owners] == [
         r[5] for r in rows[:5]]
     assert sum(batch.documents for batch in batches) == 8
-    assert all(batch.documents <= batch_size or len(batch.owner_ids) == 1 for batch in batches)
+    assert all(batch.documents <= batch_size or len(batch.owners) == 1 for batch in batches)
 
 
 def test_no_due_owner_reads_nothing_more() -> None:
