@@ -38,7 +38,7 @@ NOTIFIED_TWICE = Code(
     "notified_twice", "ledger_outbox",
     "the same (document, threshold, expiry) in more than one event",
     "consumers deduplicate by that key; find the run that repeated it (two databases, a "
-    "restore of the ledger without the outbox)")
+    "ledger that lost part of an owner's markers)")
 ALREADY_QUEUED = Code(
     "already_queued", "ledger_outbox",
     "a run claimed again a reminder whose markers were lost (a restore, a rollback) and found "
