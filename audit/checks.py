@@ -99,6 +99,7 @@ def check_ledger_outbox(using: str, options: AuditOptions, since: datetime,
         Finding.listed(findings.MARKER_WITHOUT_EVENT, row.marker_without_event, limit),
         Finding.listed(findings.EVENT_WITHOUT_MARKER, row.event_without_marker, limit),
         Finding.listed(findings.NOTIFIED_TWICE, row.notified_twice, limit),
+        Finding.listed(findings.ALREADY_QUEUED, row.already_queued, limit),
     ])
 
 

@@ -8,12 +8,14 @@ RUNBOOK = "docs/operations.md"
 
 @dataclass(frozen=True, slots=True)
 class Code:
-    """One kind of disagreement a check may find."""
+    """One kind of disagreement a check may find; an informational one is counted and listed
+    but is no finding: it neither fails the audit nor feeds its alert."""
 
     code: str
     check: str
     what: str
     action: str
+    informational: bool = False
 
     @property
     def runbook(self) -> str:
@@ -36,7 +38,14 @@ NOTIFIED_TWICE = Code(
     "notified_twice", "ledger_outbox",
     "the same (document, threshold, expiry) in more than one event",
     "consumers deduplicate by that key; find the run that repeated it (two databases, a "
-    "restore of the ledger without the outbox)")
+    "ledger that lost part of an owner's markers)")
+ALREADY_QUEUED = Code(
+    "already_queued", "ledger_outbox",
+    "a run claimed again a reminder whose markers were lost (a restore, a rollback) and found "
+    "it in the outbox under its message id, queued by another run: it wrote no second event "
+    "(its run's owners_already_queued); informational, not a finding",
+    "nothing, after a restore or rollback of the ledger; otherwise find what removed the "
+    "markers", informational=True)
 LEFT_BEHIND = Code(
     "left_behind", "left_behind",
     "a document due at the cycle's as-of, unchanged since, without its marker: its investor "
@@ -89,11 +98,13 @@ OUT_OF_ORDER = Code(
 
 # Every code, by check, in the order the checks run and print.
 CODES: tuple[Code, ...] = (
-    MARKER_WITHOUT_EVENT, EVENT_WITHOUT_MARKER, NOTIFIED_TWICE, LEFT_BEHIND,
+    MARKER_WITHOUT_EVENT, EVENT_WITHOUT_MARKER, NOTIFIED_TWICE, ALREADY_QUEUED, LEFT_BEHIND,
     POSITION_OF_ANOTHER_CLUSTER, POSITION_AHEAD, WAITED_TOO_LONG, PARKED,
     MISSING_FROM_TOPIC, UNKNOWN_ON_TOPIC, DUPLICATED_ON_TOPIC, OUT_OF_ORDER,
 )
 
 
-def codes_of(check: str) -> tuple[Code, ...]:
-    return tuple(c for c in CODES if c.check == check)
+def codes_of(check: str, *, informational: bool | None = None) -> tuple[Code, ...]:
+    """A check's codes; only the informational ones, or only the findings, when asked."""
+    return tuple(c for c in CODES if c.check == check
+                 and (informational is None or c.informational == informational))

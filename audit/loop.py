@@ -43,7 +43,7 @@ class AuditMetrics:
         """Every finding of every check that ran, 0 when clean; a check not run is dropped."""
         for check in report.checks:
             counts = {f.code: f.count for f in check.findings}
-            for kind in codes_of(check.name):
+            for kind in codes_of(check.name, informational=False):
                 if check.status is Status.NOT_CHECKED:
                     with contextlib.suppress(KeyError):  # never set
                         self.findings.remove(check.name, kind.code)
@@ -66,7 +66,8 @@ def run_audit_loop(audit: Callable[[], AuditReport], *, every: timedelta, backof
         log_event(logger, logging.WARNING if report.findings else logging.INFO,
                   "audit completed", findings=report.findings,
                   by_check={c.name: sum(f.count for f in c.findings) for c in report.checks
-                            if c.status is not Status.NOT_CHECKED})
+                            if c.status is not Status.NOT_CHECKED},
+                  noted={f.code: f.count for c in report.checks for f in c.noted})
         wait(every.total_seconds())
 
     def failed(exc: BaseException, attempt: int, delay: float) -> None:

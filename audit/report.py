@@ -49,7 +49,8 @@ class Finding:
 
 @dataclass(frozen=True, slots=True)
 class CheckResult:
-    """One check: what it examined (row counts by name) and what it found."""
+    """One check: what it examined (row counts by name), what it found, and what it noted
+    (informational codes: listed, never a finding)."""
 
     name: str
     title: str
@@ -58,12 +59,15 @@ class CheckResult:
     findings: list[Finding] = field(default_factory=list)
     note: str = ""
     seconds: float = 0.0  # how long the check took (set by run_audit)
+    noted: list[Finding] = field(default_factory=list)
 
     @classmethod
     def of(cls, name: str, title: str, examined: dict[str, int], findings: list[Finding],
            note: str = "") -> "CheckResult":
-        found = [f for f in findings if f.count]
-        return cls(name, title, Status.FINDINGS if found else Status.CLEAN, examined, found, note)
+        found = [f for f in findings if f.count and not f.kind.informational]
+        noted = [f for f in findings if f.count and f.kind.informational]
+        return cls(name, title, Status.FINDINGS if found else Status.CLEAN, examined, found, note,
+                   noted=noted)
 
     @classmethod
     def not_checked(cls, name: str, title: str, examined: dict[str, int],
@@ -116,7 +120,8 @@ class AuditReport:
             "notes": self.notes,
             "checks": [{"name": c.name, "title": c.title, "status": str(c.status),
                         "examined": c.examined, "note": c.note, "seconds": round(c.seconds, 3),
-                        "findings": [finding(f) for f in c.findings]} for c in self.checks],
+                        "findings": [finding(f) for f in c.findings],
+                        "noted": [finding(f) for f in c.noted]} for c in self.checks],
         }
 
 
@@ -139,9 +144,10 @@ def render_text(report: AuditReport) -> str:
         lines.append(f"[{check.status}] {check.title}" + (f": {examined}" if examined else ""))
         if check.note:
             lines.append(f"    {check.note}")
-        for f in check.findings:
+        for f in [*check.findings, *check.noted]:
             shown = f" (first {len(f.ids)})" if f.ids and len(f.ids) < f.count else ""
-            lines.append(f"    {f.code}: {f.count}: {f.what}")
+            lines.append(f"    {f.code}: {f.count}{' (noted)' if f.kind.informational else ''}: "
+                         f"{f.what}")
             if f.ids:
                 lines.append(f"      ids{shown}: {_ids(f.ids)}")
             lines.append(f"      do: {f.action} ({f.runbook})")

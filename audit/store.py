@@ -43,6 +43,7 @@ class LedgerOutbox:
     marker_without_event: Ids
     event_without_marker: Ids
     notified_twice: Ids
+    already_queued: Ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +105,8 @@ def ledger_outbox(using: str, *, since: datetime, until: datetime,
                   pruned_before: str) -> LedgerOutbox:
     return _one(using, "ledger_outbox", LedgerOutbox, {
         "since": since, "until": until, "event_type": events.EVENT_TYPE,
-        "pruned_before": pruned_before, "uuid_pattern": UUID_PATTERN})
+        "pruned_before": pruned_before, "uuid_pattern": UUID_PATTERN,
+        "message_id_namespace": events.MESSAGE_ID_NAMESPACE})
 
 
 def last_loop_cycle(using: str) -> LoopCycle | None:

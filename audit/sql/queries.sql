@@ -18,7 +18,9 @@ select now() as now;
 -- ledger_outbox: the runs of the window (notified markers reminded in it, or events written in
 -- it), what was read of them, and what disagrees between their markers and their events (each a
 -- JSON array, its count whole): a notified marker no event of its run lists (at its threshold and
--- expiry), an event item with no marker of its run, and an item listed twice
+-- expiry), an event item with no marker of its run, and an item listed twice; and, apart, the
+-- reminders a run claimed again that the outbox already held under their message id (written by
+-- another run: already queued), whose markers and event are not findings
 with scope_runs as materialized (
     select distinct run_id::text as run_id
     from document_expiry_reminders
@@ -50,7 +52,7 @@ items as materialized (
 ),
 markers as materialized (
     select r.document_id::text as document_id, r.threshold_days::text as threshold_days,
-           r.expires_at::text as expires_at, r.run_id::text as run_id,
+           r.expires_at::text as expires_at, r.run_id::text as run_id, r.owner_user_id,
            concat_ws('|', r.run_id, r.owner_user_id, r.document_id, r.threshold_days,
                      r.expires_at) as key
     from document_expiry_reminders r
@@ -58,25 +60,95 @@ markers as materialized (
       and r.run_id::text in (select run_id from scope_runs)
 ),
 -- each side's rows against the other's keys, one text key a side (a hash anti-join)
-marker_without_event as (
-    select m.document_id, m.threshold_days, m.expires_at, m.run_id
+unmatched_markers as materialized (
+    select m.document_id, m.threshold_days, m.expires_at, m.run_id, m.owner_user_id
     from markers m
     where not exists (select 1 from items i where i.key = m.key)
 ),
--- an item without its marker, unless the marker was pruned since (its expiry left the
--- retention) or re-armed in place for a new expiry date (the document was renewed)
-event_without_marker as (
-    select i.document_id, i.threshold_days, i.expires_at, i.run_id, i.message_id
+unmatched_items as materialized (
+    select i.document_id, i.threshold_days, i.expires_at, i.run_id, i.message_id,
+           case when i.document_id ~* %(uuid_pattern)s then i.document_id::uuid end as document,
+           case when i.threshold_days ~ '^-?[0-9]{1,9}$' then i.threshold_days::int end
+               as threshold
     from items i
     where not exists (select 1 from markers m where m.key = i.key)
-      and not (i.expires_at ~ '^\d{4}-\d{2}-\d{2}$' and i.expires_at < %(pruned_before)s::text)
+),
+-- the (run, owner) whose reminder may have been claimed again: a run's markers without its
+-- event, or the marker an event's item lost to another run (its run may be after the window)
+reclaims as materialized (
+    select distinct m.run_id::uuid as run_id, m.owner_user_id
+    from unmatched_markers m
+    union
+    select r.run_id, r.owner_user_id
+    from unmatched_items i
+    join document_expiry_reminders r
+      on r.document_id = i.document and r.threshold_days = i.threshold
+     and r.expires_at::text = i.expires_at and r.notified and r.run_id::text <> i.run_id
+),
+-- each such run's reminder of the owner, named as the claim names it (reminders/sql/queries.sql
+-- claim_batch, `events` and `identified`: the same expressions, tests/unit/test_audit_message_id.py)
+reclaimed as (
+    select run_id, owner_user_id,
+           owner_user_id::text || string_agg(
+               ';' || document_id::text || ',' || threshold_days::text || ','
+               || to_char(expires_on, 'YYYY-MM-DD'),
+               '' order by document_id, threshold_days, expires_on) as name
+    from (
+        select r.run_id, r.owner_user_id, r.document_id, r.threshold_days,
+               r.expires_at as expires_on
+        from reclaims c
+        -- one probe of the owner index a (run, owner), fenced as claim_batch's probes are
+        cross join lateral (
+            select r.run_id, r.owner_user_id, r.document_id, r.threshold_days, r.expires_at
+            from document_expiry_reminders r
+            where r.owner_user_id = c.owner_user_id and r.run_id = c.run_id and r.notified
+            offset 0
+        ) r
+    ) notified
+    group by run_id, owner_user_id
+),
+identified as materialized (
+    select e.run_id::text as run_id, e.owner_user_id,
+           encode(set_byte(set_byte(h.bytes, 6, (get_byte(h.bytes, 6) & 15) | 128),
+                           8, (get_byte(h.bytes, 8) & 63) | 128), 'hex')::uuid as id
+    from reclaimed e
+    cross join lateral (
+        select substring(sha256(uuid_send(%(message_id_namespace)s::uuid)
+                                || convert_to(e.name, 'UTF8')) from 1 for 16) as bytes
+    ) h
+),
+-- already queued: the outbox holds that reminder under its id, written by another run (the
+-- ledger restored or rolled back without its outbox); the claim wrote no second event
+queued_again as materialized (
+    select e.run_id, e.owner_user_id, e.id as message_id, q.queued_by
+    from identified e
+    cross join lateral (
+        select m.headers ->> 'correlation_id' as queued_by
+        from outbox_messages m
+        where m.id = e.id
+        offset 0
+    ) q
+    where q.queued_by is distinct from e.run_id
+),
+marker_without_event as (
+    select m.document_id, m.threshold_days, m.expires_at, m.run_id
+    from unmatched_markers m
+    where not exists (select 1 from queued_again q
+                      where q.run_id = m.run_id and q.owner_user_id = m.owner_user_id)
+),
+-- an item without its marker, unless the marker was pruned since (its expiry left the
+-- retention) or re-armed in place for a new expiry date (the document was renewed), or its
+-- event was queued again by the run that holds its marker now
+event_without_marker as (
+    select i.document_id, i.threshold_days, i.expires_at, i.run_id, i.message_id
+    from unmatched_items i
+    where not (i.expires_at ~ '^\d{4}-\d{2}-\d{2}$' and i.expires_at < %(pruned_before)s::text)
       and not exists (
         select 1 from document_expiry_reminders r
-        where r.document_id = case when i.document_id ~* %(uuid_pattern)s
-                                   then i.document_id::uuid end
-          and r.threshold_days = case when i.threshold_days ~ '^-?[0-9]{1,9}$'
-                                      then i.threshold_days::int end
+        where r.document_id = i.document
+          and r.threshold_days = i.threshold
           and r.expires_at::text <> i.expires_at)
+      and not exists (select 1 from queued_again q where q.message_id = i.message_id)
 ),
 notified_twice as (
     select i.document_id, i.threshold_days, i.expires_at,
@@ -101,7 +173,13 @@ select (select count(*) from scope_runs) as runs,
        (select coalesce(json_agg(json_build_object(
                 'document', f.document_id, 'threshold', f.threshold_days,
                 'expires', f.expires_at, 'runs', f.runs, 'events', f.events)), '[]')
-        from notified_twice f) as notified_twice;
+        from notified_twice f) as notified_twice,
+       -- the window's runs only: its count is the sum of their owners_already_queued
+       (select coalesce(json_agg(json_build_object(
+                'run', q.run_id, 'queued_by', q.queued_by, 'event', q.message_id)
+                order by q.run_id, q.message_id), '[]')
+        from queued_again q
+        where q.run_id in (select run_id from scope_runs)) as already_queued;
 
 -- last_loop_cycle: the last loop cycle that finished with nothing left (succeeded)
 select r.run_id, r.as_of, r.started_at, r.thresholds

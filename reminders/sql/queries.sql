@@ -243,7 +243,8 @@ events as (
 ),
 identified as (
     -- one reminder, one id, whenever it is written (events.message_id): RFC 9562 version 8
-    -- over SHA-256 of the namespace and the name, with built-in functions only
+    -- over SHA-256 of the namespace and the name, with built-in functions only; the audit's
+    -- ledger_outbox repeats this and the name word for word (tests/unit/test_audit_message_id.py)
     select e.owner_user_id, e.most_urgent, e.payload,
            encode(set_byte(set_byte(h.bytes, 6, (get_byte(h.bytes, 6) & 15) | 128),
                            8, (get_byte(h.bytes, 8) & 63) | 128), 'hex')::uuid as id

@@ -1,6 +1,7 @@
 """One reminder, one message id, across a restore (docs/design.md §2.6): last night's dump
 restored into a new database, the same cycle run there and published to the same topic, puts
-every investor's reminder on the topic under the one message_id it had."""
+every investor's reminder on the topic under the one message_id it had; the ledger alone restored
+then is reminded again without a second event, and the audit notes it as already queued."""
 
 import json
 from collections import defaultdict
@@ -8,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from core.roles import RELAY_ROLE, WORKER_ROLE
+from core.roles import AUDITOR_ROLE, RELAY_ROLE, WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from tests.support.clusters import Cluster, clusters, manage, new_database
@@ -65,3 +66,19 @@ def test_a_dump_restored_and_reminded_again_sends_each_investor_one_message_id(
         assert first["owners_notified"] == again["owners_notified"] == len(ids_by_investor)
         assert all(len(ids) == 1 for ids in ids_by_investor.values())
         assert len(records) == 2 * len(written)  # each sent by both databases: a redelivery
+
+        # the first database's ledger alone restored from the dump (the outbox kept): the same
+        # cycle writes the markers again and no event; the audit notes each reminder as
+        # already queued, finds nothing, and exits 0
+        cluster.sql("pin_night", "truncate profile.document_expiry_reminders")
+        cluster.run("pg_restore", "--data-only", "-t", "document_expiry_reminders",
+                    "-d", cluster.url("pin_night"), str(dump))
+        queued = remind(cluster, "pin_night", as_of)
+        assert queued["owners_already_queued"] == first["owners_notified"]
+        assert event_ids(cluster, "pin_night") == written
+        audited = json.loads(manage(cluster.url("pin_night", AUDITOR_ROLE), "audit_reminders",
+                                    "--format", "json").stdout)
+        [ledger] = [c for c in audited["checks"] if c["name"] == "ledger_outbox"]
+        assert (ledger["status"], audited["findings"]) == ("clean", 0), audited
+        assert [(f["code"], f["count"]) for f in ledger["noted"]] == [
+            ("already_queued", queued["owners_already_queued"])]

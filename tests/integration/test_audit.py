@@ -15,7 +15,7 @@ from django.db import connection, transaction
 from prometheus_client.parser import text_string_to_metric_families
 
 from audit.checks import AuditOptions, run_audit
-from audit.report import AuditReport, Status
+from audit.report import AuditReport, Status, render_text
 from audit.topic import TopicReader
 from audit.window import WindowError
 from core.roles import AUDITOR_ROLE
@@ -59,8 +59,20 @@ def found(report: AuditReport) -> dict[str, int]:
 
 
 def ids(report: AuditReport, code: str, key: str) -> set[str]:
-    return {str(i[key]) for c in report.checks for f in c.findings if f.code == code
-            for i in f.ids}
+    return {str(i[key]) for c in report.checks for f in [*c.findings, *c.noted]
+            if f.code == code for i in f.ids}
+
+
+def noted(report: AuditReport) -> dict[str, int]:
+    """What the audit counted apart from its findings (informational codes)."""
+    return {f.code: f.count for c in report.checks for f in c.noted}
+
+
+def owners_already_queued() -> int:
+    """The run history's count of owners whose reminder the outbox already held."""
+    [(total,)] = sql("select coalesce(sum(owners_already_queued), 0)::int"
+                     " from document_expiry_reminder_runs")
+    return int(total)
 
 
 def sql(statement: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
@@ -160,6 +172,51 @@ def test_a_second_run_that_notifies_again_is_a_duplicate(
 
     assert found(report) == {"notified_twice": 1, "event_without_marker": 1}
     assert ids(report, "notified_twice", "document") == {str(victim.id)}
+    # a reminder of its own (a new id), not the one the outbox held: not already queued
+    assert noted(report) == {} and owners_already_queued() == 0
+
+
+def test_a_whole_reminder_claimed_again_after_its_markers_were_lost_is_already_queued(
+    run: CycleRunner, documents: Documents
+) -> None:
+    made = some_documents(documents)
+    first = loop_cycle(run)
+    # two owners' markers lost, their outbox rows kept (the ledger restored from before the
+    # cycle, the outbox not): one of them has two documents in its reminder
+    lost = [str(made[0].owner_user_id), str(made[4].owner_user_id)]
+    queued = dict(sql("select aggregate_id, id::text from outbox_messages"
+                      " where aggregate_id = any(%s)", (lost,)))
+    sql("delete from document_expiry_reminders where owner_user_id::text = any(%s)", (lost,))
+    again = run(AS_OF + timedelta(hours=1))
+    assert (again.owners_already_queued, again.owners_notified) == (2, 0)
+
+    report = audit()
+
+    assert found(report) == {}, report.as_dict()  # no marker_without_event, event_without_marker
+    assert report.check("ledger_outbox").status is Status.CLEAN
+    assert noted(report) == {"already_queued": owners_already_queued()} == {"already_queued": 2}
+    [listed] = report.check("ledger_outbox").noted
+    assert {(i["run"], i["queued_by"], i["event"]) for i in listed.ids} == {
+        (str(again.run_id), str(first.run_id), queued[owner]) for owner in lost}
+    assert report.findings == 0 and "audit found nothing in 5 of 6 checks" in report.verdict
+    assert "already_queued: 2 (noted): " in render_text(report)
+
+
+def test_an_audit_before_the_run_that_queued_a_reminder_again_finds_nothing_either(
+    run: CycleRunner, documents: Documents
+) -> None:
+    made = some_documents(documents)
+    loop_cycle(run)
+    lost = str(made[4].owner_user_id)
+    sql("delete from document_expiry_reminders where owner_user_id::text = %s", (lost,))
+    before_it = datetime.now(UTC)
+    assert run(AS_OF + timedelta(hours=1)).owners_already_queued == 1
+
+    # the run that holds the markers now is after the window: the first event's items keep no
+    # marker of their run, and still are no finding; nothing is counted for the window
+    report = audit(as_of=before_it)
+
+    assert (found(report), noted(report)) == ({}, {}), report.as_dict()
 
 
 def test_a_due_document_an_unfinished_cycle_left_unmarked_is_left_behind(

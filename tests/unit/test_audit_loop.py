@@ -2,6 +2,7 @@
 (doubling, capped), an audit recorded as metrics and then a wait of one interval; on a fake
 audit, a fake wait and a registry of its own."""
 
+import logging
 import random
 import threading
 from datetime import UTC, datetime, timedelta
@@ -73,3 +74,30 @@ def test_an_unexpected_error_is_not_retried() -> None:
     with pytest.raises(KeyError, match="a bug"):
         run_audit_loop(audit, every=EVERY, backoff=backoff, stop=stop,
                        metrics=AuditMetrics(CollectorRegistry()), failures=(ConnectionError,))
+
+
+def test_a_noted_code_has_no_finding_series_and_is_logged_apart(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    queued = CheckResult.of("ledger_outbox", "ledger and outbox agree", {"runs": 2}, [
+        Finding(findings.ALREADY_QUEUED, 3)])
+    noted = AuditReport(as_of=NOW, since=NOW - timedelta(days=7), database_now=NOW,
+                        checks=[queued])
+    stop = threading.Event()
+    registry = CollectorRegistry()
+
+    with caplog.at_level(logging.INFO, logger="audit.loop"):
+        run_audit_loop(lambda: noted, every=EVERY, stop=stop, metrics=AuditMetrics(registry),
+                       backoff=Backoff(timedelta(seconds=1), timedelta(seconds=1),
+                                       wait=lambda _: None),
+                       failures=(ConnectionError,), wait=lambda _: stop.set())
+
+    series = {"check": "ledger_outbox", "finding": "already_queued"}
+    assert registry.get_sample_value(
+        "profile_document_expiry_reminder_audit_findings", series) is None
+    assert registry.get_sample_value("profile_document_expiry_reminder_audit_findings",
+                                     {**series, "finding": "notified_twice"}) == 0
+    [completed] = [r for r in caplog.records if r.getMessage() == "audit completed"]
+    assert completed.levelno == logging.INFO
+    fields = getattr(completed, "fields", {})
+    assert (fields["findings"], fields["noted"]) == (0, {"already_queued": 3})

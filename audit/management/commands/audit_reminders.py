@@ -41,7 +41,8 @@ class Command(ProjectCommand):
         "the relay's position (its cluster), waits and parked events, and with "
         "--against-topic the outbox against Kafka (the relay's KAFKA_* settings). Exit codes: "
         "0 no findings (clean when every check ran; a check with nothing to examine says "
-        "'not checked' and why), 1 findings, 2 bad configuration or usage (a window with "
+        "'not checked' and why; what it only notes, already_queued, is no finding), 1 findings, "
+        "2 bad configuration or usage (a window with "
         "nothing left to audit: an --as-of older than OUTBOX_RETENTION), 3 database or broker "
         "unavailable."
     )
