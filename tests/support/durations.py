@@ -4,22 +4,23 @@
 
 import sys
 import xml.etree.ElementTree as ET
-from collections import Counter
+from collections import defaultdict
 from pathlib import Path
 
 
-def seconds_by_file(junit: Path) -> Counter[str]:
+def seconds_by_file(junit: Path) -> dict[str, float]:
     """Each file's tests' time (setup, call and teardown), by the file's path."""
-    by_file: Counter[str] = Counter()
+    by_file: defaultdict[str, float] = defaultdict(float)
     for case in ET.parse(junit).getroot().iter("testcase"):  # noqa: S314
         path = case.get("classname", "").replace(".", "/") + ".py"
         by_file[path] += float(case.get("time", "0"))
-    return by_file
+    return dict(by_file)
 
 
 def main(argv: list[str]) -> None:
     by_file = seconds_by_file(Path(argv[1]))
-    for path, seconds in by_file.most_common(int(argv[2]) if len(argv) > 2 else None):
+    slowest = sorted(by_file.items(), key=lambda item: -item[1])
+    for path, seconds in slowest[:int(argv[2]) if len(argv) > 2 else None]:
         sys.stdout.write(f"{seconds:8.1f}  {path}\n")
     sys.stdout.write(f"{sum(by_file.values()):8.1f}  in all\n")
 
