@@ -34,7 +34,7 @@ echo "docker/Dockerfile: no findings"
 echo "== pytest"
 set +e
 if [ "$#" -eq 0 ]; then
-    "$VENV/bin/pytest" -n "${TEST_WORKERS:-2}"
+    "$VENV/bin/pytest" -n "${TEST_WORKERS:-2}" --dist worksteal  # an idle worker takes queued tests
 else
     "$VENV/bin/pytest" "$@"
 fi
