@@ -93,7 +93,6 @@ def move_position_to_end() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.real_clock  # as of the Python clock, against the database's timestamps
 def test_a_clean_database_and_topic_have_no_findings(
     run: CycleRunner, documents: Documents, tansu: TansuBroker
 ) -> None:
@@ -190,7 +189,6 @@ def test_left_behind_is_not_checked_without_a_succeeded_loop_cycle(
     assert audit().check("left_behind").status is Status.NOT_CHECKED
 
 
-@pytest.mark.real_clock  # as of the Python clock, against the database's timestamps
 def test_an_event_that_waited_past_the_bound_is_found(
     run: CycleRunner, documents: Documents, tansu: TansuBroker
 ) -> None:
@@ -211,7 +209,6 @@ def test_an_event_that_waited_past_the_bound_is_found(
 
 
 @pytest.mark.slow
-@pytest.mark.real_clock  # as of the Python clock, against the database's timestamps
 def test_a_parked_event_is_listed_with_its_error(
     transactional_db: None, tansu: TansuBroker
 ) -> None:
