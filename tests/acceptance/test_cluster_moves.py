@@ -90,8 +90,6 @@ def assert_delivered_once(kafka: Broker, ids: set[str]) -> None:
     assert all(seen[i] == 1 for i in ids), "an event was sent twice"
 
 
-# Dates from the real clock (days_ago), as every test here: this one runs under the faked clocks.
-@pytest.mark.real_clock
 def test_after_a_dump_and_restore_into_a_new_cluster_every_later_event_is_delivered(
     tansu: TansuBroker,
 ) -> None:
