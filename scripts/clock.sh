@@ -20,32 +20,51 @@ faketime_ensure() {
     FAKETIME_LIB=$(ls /usr/lib/*/faketime/libfaketimeMT.so.1 | head -n 1)
 }
 
-# clock_scenarios [pytest args]: every scenario in turn; stops at the first that fails.
+# clock_scenarios [pytest args]: every scenario at the same time, each a pytest run on a
+# PostgreSQL cluster of its own (TEST_OWN_CLUSTER, tests/support/workers.py), its output
+# printed in turn when all are done; fails if any fails.
 clock_scenarios() {
     faketime_ensure
-    local at status
-    for at in "${CLOCK_SCENARIOS[@]}"; do
-        echo "== pytest -m real_clock, the clock at $at (UTC)"
+    local at i status failed=0 pids=() logs=()
+    mkdir -p "$ROOT/artifacts"
+    for i in "${!CLOCK_SCENARIOS[@]}"; do
+        logs+=("$(mktemp /tmp/pin-clock-$i.XXXXXX)")
+        clock_scenario "$i" "$@" >"${logs[$i]}" 2>&1 &
+        pids+=($!)
+    done
+    for i in "${!CLOCK_SCENARIOS[@]}"; do
+        at=${CLOCK_SCENARIOS[$i]}
         set +e
-        # FAKETIME holds a relative offset in seconds, re-read on every call (NO_CACHE) so
-        # that the fixture can move it. Only Python processes (pytest, the worker) are faked:
-        # chromium does not start under libfaketime. Monotonic clocks stay real for deadlines;
-        # the shim's sitecustomize works around libfaketime's failing time.sleep, and without
-        # FORCE_MONOTONIC_FIX=0 its timed waits starve Python's thread switches.
-        LD_PRELOAD="$FAKETIME_LIB${LD_PRELOAD:+:$LD_PRELOAD}" FAKETIME="+0" FAKETIME_NO_CACHE=1 \
-            FAKETIME_ONLY_CMDS=python,python3,python3.11 FAKETIME_DONT_FAKE_MONOTONIC=1 \
-            FAKETIME_FORCE_MONOTONIC_FIX=0 TEST_CLOCK_AT="$at" \
-            PYTHONPATH="$ROOT/tests/faketime_shim${PYTHONPATH:+:$PYTHONPATH}" \
-            "$VENV/bin/pytest" -m real_clock -p no:cacheprovider "$@"
+        wait "${pids[$i]}"
         status=$?
         set -e
+        echo "== pytest -m real_clock, the clock at $at (UTC)"
+        cat "${logs[$i]}"
+        rm -f "${logs[$i]}"
         if [ "$status" -eq 5 ]; then
             echo "clock.sh: no test is marked real_clock: that is a failure" >&2
-            return 1
-        fi
-        if [ "$status" -ne 0 ]; then
+            failed=1
+        elif [ "$status" -ne 0 ]; then
             echo "clock.sh: the real_clock tests failed with the clock at $at" >&2
-            return "$status"
+            failed=$status
         fi
     done
+    return "$failed"
+}
+
+# clock_scenario INDEX [pytest args]: one scenario's pytest run; its exit status.
+clock_scenario() {
+    local index=$1 at=${CLOCK_SCENARIOS[$1]}
+    shift
+    # FAKETIME holds a relative offset in seconds, re-read on every call (NO_CACHE) so
+    # that the fixture can move it. Only Python processes (pytest, the worker) are faked:
+    # chromium does not start under libfaketime. Monotonic clocks stay real for deadlines;
+    # the shim's sitecustomize works around libfaketime's failing time.sleep, and without
+    # FORCE_MONOTONIC_FIX=0 its timed waits starve Python's thread switches.
+    LD_PRELOAD="$FAKETIME_LIB${LD_PRELOAD:+:$LD_PRELOAD}" FAKETIME="+0" FAKETIME_NO_CACHE=1 \
+        FAKETIME_ONLY_CMDS=python,python3,python3.11 FAKETIME_DONT_FAKE_MONOTONIC=1 \
+        FAKETIME_FORCE_MONOTONIC_FIX=0 TEST_CLOCK_AT="$at" TEST_OWN_CLUSTER=1 \
+        PYTHONPATH="$ROOT/tests/faketime_shim${PYTHONPATH:+:$PYTHONPATH}" \
+        "$VENV/bin/pytest" -m real_clock -p no:cacheprovider -p no:xdist \
+        --junitxml="$ROOT/artifacts/junit-clock-$index.xml" "$@"
 }

@@ -5,6 +5,8 @@
 # missing) on a free loopback port, and stop it when the calling script exits.
 # Exports PG_ADMIN_URL (a superuser URL to the `postgres` database) and PG_HOSTPORT.
 
+source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+
 PG_URL="${PG_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
 
 _pg_answers() {
@@ -14,8 +16,7 @@ _pg_answers() {
 _pg_install() {
     if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || ! command -v psql >/dev/null; then
         echo "pg.sh: installing Debian's postgresql packages" >&2
-        export DEBIAN_FRONTEND=noninteractive
-        apt-get update -qq >/dev/null && apt-get install -y -qq postgresql postgresql-client >/dev/null
+        apt_install postgresql postgresql-client
     fi
 }
 

@@ -6,6 +6,11 @@
 # validates the compose files against the Compose Specification's schema), then (without extra
 # arguments) the tests that read the real clock again under a faked clock: before and after UTC
 # midnight and on 2028-02-29 (scripts/clock.sh).
+# Without extra arguments pytest runs on TEST_WORKERS (default 2) pytest-xdist workers, each on
+# a PostgreSQL cluster of its own (tests/support/workers.py), and the three faked-clock runs
+# run side by side, each on a cluster of its own too. Every run writes a JUnit file
+# (artifacts/junit*.xml) and lists its 50 slowest tests (pyproject.toml's addopts).
+# The one-minute inner loop, with no database, broker or browser: scripts/test-unit.sh.
 # Installs what it needs (a venv with the pinned requirements; Debian's postgresql if no
 # server answers; Debian's prometheus for the alert-rule and scrape tests; Debian's faketime;
 # Debian's socat and openssl for the relay's TLS tests; the Tansu broker comes in the venv).
@@ -34,7 +39,11 @@ echo "== hadolint"
 echo "docker/Dockerfile: no findings"
 echo "== pytest"
 set +e
-"$VENV/bin/pytest" "$@"
+if [ "$#" -eq 0 ]; then
+    "$VENV/bin/pytest" -n "${TEST_WORKERS:-2}" --dist worksteal  # an idle worker takes queued tests
+else
+    "$VENV/bin/pytest" "$@"
+fi
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then

@@ -19,11 +19,22 @@ from devtools.demo_data import PERSON_DOCUMENTS_SQL
 from reminders.config import ReminderSettings
 from reminders.cycle import run_cycle
 from reminders.result import CycleResult
+from tests.support import workers
 from tests.support.contract import assert_outbox_matches_contract
 from tests.support.db_roles import as_role
 from tests.support.factories import DocumentFactory, Documents, insert_documents, make_document
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    workers.configure(config)
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix: None) -> None:
+    """Each xdist worker (or a TEST_OWN_CLUSTER=1 run) on a PostgreSQL cluster of its own."""
+    workers.use_own_cluster()
 
 
 @pytest.fixture(scope="session")

@@ -9,10 +9,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError
 
 from core.config import ConfigError
-from outbox import kafka, kafka_errors, kafka_log
+from outbox import kafka
 from outbox.config import PROTOCOLS, KafkaSecurity, load_relay_settings
 from tests.acceptance.test_relay_process import relay_env, run_relay, start_relay
 from tests.conftest import manage_py
@@ -168,28 +167,6 @@ def test_a_wrong_key_password_is_caught_before_any_work(certificates: Certificat
         kafka.check_producer_config(settings)
     assert raised.value.name == "KAFKA_SSL_KEY_LOCATION"
     assert "KAFKA_SSL_KEY_PASSWORD" in str(raised.value) and wrong not in str(raised.value)
-
-
-def test_refusals_are_told_apart_from_an_unavailable_broker() -> None:
-    assert kafka_errors.refused(KafkaError(KafkaError._AUTHENTICATION))
-    assert kafka_errors.refused(KafkaError(KafkaError._SSL))
-    assert kafka_errors.refused(KafkaError(KafkaError.SASL_AUTHENTICATION_FAILED))
-    assert not kafka_errors.refused(KafkaError(KafkaError._TRANSPORT, "Connect failed: refused"))
-    assert kafka_errors.refused(KafkaError(KafkaError._TRANSPORT, (
-        "ssl://b:9093/bootstrap: Receive failed: error:0A00045C:SSL routines::tlsv13 alert "
-        "certificate required: SSL alert number 116")))
-    assert not kafka_errors.refused(KafkaError(KafkaError._ALL_BROKERS_DOWN))
-    # This side's verification of the broker, reported as a transport error ahead of _SSL.
-    assert kafka_errors.refused(KafkaError(KafkaError._TRANSPORT, (
-        "ssl://127.0.0.1:24528/bootstrap: error:0A000086:SSL routines::certificate verify"
-        " failed")))
-
-
-def test_repeated_client_errors_are_logged_once_a_minute() -> None:
-    repeats = kafka_log.RepeatFilter(window_s=60)
-    line = "_TRANSPORT: 127.0.0.1:9/bootstrap: Connect failed (after {}ms in state CONNECT)"
-    assert [repeats.fresh(line.format(n)) for n in (1, 2, 3)] == [True, False, False]
-    assert repeats.fresh("_ALL_BROKERS_DOWN: 1/1 brokers are down")
 
 
 # --- against a broker -----------------------------------------------------------------------

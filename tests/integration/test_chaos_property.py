@@ -6,18 +6,21 @@ exactly what the reference model (tests/support/reference.py) says, and the inva
 The retention is drawn once per example: raising it after a prune lets an expired document
 re-enter the window unmarked and be reminded again (the seed's accepted trade-off)."""
 
+import os
 import uuid
+from collections.abc import Callable
 from datetime import datetime, time, timedelta, timezone
 
 from django.db import connection
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from devtools.demo_data import PersonDocument
 from tests.conftest import CycleRunner
 from tests.support import chaos_report
+from tests.support.contract import assert_outbox_matches_contract
 from tests.support.factories import Documents, insert_documents
-from tests.support.invariants import check_audit, check_invariants, documents_md5, snapshot, tally
+from tests.support.invariants import check_invariants, documents_md5, snapshot, tally
 from tests.support.ledger import AS_OF
 from tests.support.reference import ReferenceLedger, documents_from_database
 
@@ -75,7 +78,24 @@ def reset_tables() -> None:
                        " document_expiry_reminder_runs")
 
 
-@settings(max_examples=150, deadline=None, derandomize=True,
+# PROPERTY_PROFILE=ci (the default, and CI's): the same 150 examples on every run, so a red CI
+# is the code's doing: those derandomize=True drew from this test's source before issue 30 (its
+# seed below), whatever the source says now. PROPERTY_PROFILE=random: 1000 new examples a run,
+# for a longer hunt (docs/testing.md); a failure prints the @reproduce_failure line.
+PROFILE = os.environ.get("PROPERTY_PROFILE", "ci")
+PROFILES = {"ci": settings(max_examples=150, derandomize=True, database=None),
+            "random": settings(max_examples=1000)}
+CI_SEED = int(
+    "34308883858419037099597729413223978483625795203634572036859745351839258169682411476799"
+    "581084984794040078072925613915")
+
+
+def property_profile(test: Callable[..., None]) -> Callable[..., None]:
+    return seed(CI_SEED)(test) if PROFILE == "ci" else test
+
+
+@property_profile
+@settings(PROFILES[PROFILE], deadline=None, print_blob=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(specs=st.lists(document_specs, max_size=20), runs=daily_runs,
        retention=st.sampled_from([90, 10]))
@@ -99,11 +119,15 @@ def test_random_documents_and_daily_runs_match_the_reference_model(
                      max_documents_per_event=cap, tick=as_of)
         assert result.ok
         model.run(reference, as_of, config, retention_days=retention, cap=cap)
-        check_invariants(documents_before=before, model=model, retention_days=retention)
-        # the audit's left-behind check agrees: after a finished loop cycle, nothing is due
-        check_audit(retention_days=retention, checks=("left_behind",),
-                    max_documents_per_event=cap)
+        # one audit: (a) and (b), and its left-behind check agrees that after a finished
+        # loop cycle nothing is due
+        check_invariants(documents_before=before, model=model, retention_days=retention,
+                         audit_checks=("ledger_outbox", "left_behind"),
+                         max_documents_per_event=cap)
         assert result.markers_rearmed == model.rearmed - rearmed
+    # every example's events against the JSON Schema (its masks are arbitrary unicode), not only
+    # the last one's (the documents fixture checks after the test)
+    assert_outbox_matches_contract()
     figures = tally(snapshot(retention), model)
     chaos_report.count("property (hypothesis vs reference model)", examples=1,
                        documents=len(specs), runs=len(runs), expiry_changes=changed,

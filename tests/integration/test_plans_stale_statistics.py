@@ -166,7 +166,7 @@ def _no_bitmap_and(plan: dict[str, Any]) -> None:
 
 def _ledger_by_key(plan: dict[str, Any]) -> None:
     scans = _scans(plan, "document_expiry_reminders")
-    assert all(_indexes(n) == LEDGER_INDEXES for n, _ in scans), _describe(scans)
+    assert scans and all(_indexes(n) == LEDGER_INDEXES for n, _ in scans), _describe(scans)
     _no_bitmap_and(plan)
 
 
@@ -216,15 +216,21 @@ def _prune_expired_markers(plan: dict[str, Any]) -> None:
 
 
 def _count_expired_markers(plan: dict[str, Any]) -> None:
+    # once, through the expiry index: never the whole ledger
     scans = _scans(plan, "document_expiry_reminders")
     assert len(scans) == 1 and not scans[0][1], _describe(scans)
+    assert _indexes(scans[0][0]) == {"ix_document_expiry_reminders_expires_at"}, _describe(scans)
 
 
 def _read_stream(plan: dict[str, Any]) -> None:
     # in stream order through its index, stopping at the batch; the held check a probe a row
     scans = _scans(plan, "outbox_messages")
-    assert _indexes(scans[0][0]) == {"ix_outbox_messages_stream"}, _describe(scans)
-    assert all(_indexes(n) == {"ix_outbox_messages_slow_key"} for n, _ in scans[1:]), \
+    assert scans and _indexes(scans[0][0]) == {"ix_outbox_messages_stream"}, _describe(scans)
+    assert not scans[0][1], _describe(scans)
+    # the held check: a subplan run for each row (not hashed), through the slow lane's index
+    assert scans[1:] and all(
+        _indexes(n) == {"ix_outbox_messages_slow_key"} and n.get("Parent Relationship") == "SubPlan"
+        and not n.get("Subplan Name", "").startswith("hashed") for n, _ in scans[1:]), \
         _describe(scans)
     assert not [n for n, _ in _nodes(plan) if n["Node Type"] == "Sort"]
 
@@ -232,7 +238,7 @@ def _read_stream(plan: dict[str, Any]) -> None:
 def _read_slow(plan: dict[str, Any]) -> None:
     # the slow lane through its partial index only: never the stream's whole index
     scans = _scans(plan, "outbox_messages")
-    assert all(_indexes(n) == {"ix_outbox_messages_slow_key"} for n, _ in scans), \
+    assert scans and all(_indexes(n) == {"ix_outbox_messages_slow_key"} for n, _ in scans), \
         _describe(scans)
 
 

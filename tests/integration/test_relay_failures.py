@@ -1,27 +1,19 @@
 """The relay when things go wrong: the broker away and back, a message that cannot be
-delivered, re-queueing it, and bad configuration."""
+delivered, re-queueing it. (Its settings and error rules, pure, are in tests/unit.)"""
 
-import random
 import threading
 import uuid
 from datetime import timedelta
 from io import StringIO
 
 import pytest
-from confluent_kafka import KafkaError
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
-from hypothesis import given
-from hypothesis import strategies as st
 
-from core.config import ConfigError
-from core.supervise import backoff_delay
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from outbox import store
-from outbox.config import RelaySettings, load_relay_settings
-from outbox.kafka_errors import broker_unavailable
 from outbox.relay import Relay
 from tests.support.relay_support import (
     BASE_TIME,
@@ -153,64 +145,6 @@ def test_requeue_of_a_message_that_is_not_parked_fails_with_exit_1(transactional
     assert str(row.id) in str(raised.value)
 
 
-@pytest.mark.parametrize(
-    ("environ", "variable"),
-    [
-        ({}, "KAFKA_BOOTSTRAP_SERVERS"),
-        ({"KAFKA_BOOTSTRAP_SERVERS": ""}, "KAFKA_BOOTSTRAP_SERVERS"),
-        ({"KAFKA_BOOTSTRAP_SERVERS": "localhost"}, "KAFKA_BOOTSTRAP_SERVERS"),
-        ({"KAFKA_BOOTSTRAP_SERVERS": "a:1,b:x"}, "KAFKA_BOOTSTRAP_SERVERS"),
-        ({"OUTBOX_BATCH_SIZE": "0"}, "OUTBOX_BATCH_SIZE"),
-        ({"OUTBOX_BATCH_SIZE": "many"}, "OUTBOX_BATCH_SIZE"),
-        ({"OUTBOX_BATCH_SIZE": "1000000"}, "OUTBOX_BATCH_SIZE"),
-        ({"OUTBOX_POLL_INTERVAL": "0s"}, "OUTBOX_POLL_INTERVAL"),
-        ({"OUTBOX_RETENTION": "a week"}, "OUTBOX_RETENTION"),
-        ({"OUTBOX_MAX_ATTEMPTS": "-1"}, "OUTBOX_MAX_ATTEMPTS"),
-        ({"OUTBOX_SHUTDOWN_GRACE": "-3s"}, "OUTBOX_SHUTDOWN_GRACE"),
-        ({"OUTBOX_BACKOFF_INITIAL": "2m"}, "OUTBOX_BACKOFF_MAX"),
-        ({"OUTBOX_LINGER": "soon"}, "OUTBOX_LINGER"),
-        ({"OUTBOX_OUTAGE_LOG_INTERVAL": "0s"}, "OUTBOX_OUTAGE_LOG_INTERVAL"),
-        ({"OUTBOX_OUTAGE_LOG_INTERVAL": "every minute"}, "OUTBOX_OUTAGE_LOG_INTERVAL"),
-        ({"OUTBOX_STATISTICS_INTERVAL": "0"}, "OUTBOX_STATISTICS_INTERVAL"),
-        ({"OUTBOX_STATISTICS_INTERVAL": "2d"}, "OUTBOX_STATISTICS_INTERVAL"),
-    ],
-)
-def test_bad_configuration_names_the_variable(environ: dict[str, str], variable: str) -> None:
-    full = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092", **environ}
-    if not environ:
-        full = {}
-    with pytest.raises(ConfigError) as raised:
-        load_relay_settings(full)
-    assert raised.value.name == variable
-    assert str(raised.value).startswith(f"{variable}: ")
-
-
-def test_configuration_defaults() -> None:
-    settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": " k1:9092, k2:9092 "})
-    assert settings == RelaySettings(bootstrap_servers="k1:9092,k2:9092")
-    assert settings.retention == timedelta(days=7) and settings.batch_size == 500
-    assert settings.outage_log_interval == timedelta(seconds=60)
-    assert settings.statistics_interval == timedelta(seconds=15)
-
-
-@pytest.mark.parametrize("claim_ttl", ["1s", "2m", "not a duration"])
-def test_the_claim_ttl_is_accepted_with_a_deprecation_warning_and_nothing_else(
-    claim_ttl: str,
-) -> None:
-    """No row is leased any more: OUTBOX_CLAIM_TTL, whatever its value or the delivery timeout,
-    changes nothing but a DeprecationWarning."""
-    base = {"KAFKA_BOOTSTRAP_SERVERS": "k1:9092", "OUTBOX_DELIVERY_TIMEOUT": "5m"}
-    with pytest.deprecated_call(match="OUTBOX_CLAIM_TTL is deprecated and ignored"):
-        settings = load_relay_settings({**base, "OUTBOX_CLAIM_TTL": claim_ttl})
-    assert settings == load_relay_settings(base)
-
-
-def test_the_outage_and_statistics_intervals_are_read() -> None:
-    settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": "k1:9092",
-                                    "OUTBOX_OUTAGE_LOG_INTERVAL": "5m",
-                                    "OUTBOX_STATISTICS_INTERVAL": "500ms"})
-    assert settings.outage_log_interval == timedelta(minutes=5)
-    assert settings.statistics_interval == timedelta(milliseconds=500)
 
 
 def test_stop_before_a_batch_reads_nothing(transactional_db: None) -> None:
@@ -224,42 +158,3 @@ def test_stop_before_a_batch_reads_nothing(transactional_db: None) -> None:
         assert store.read_position("default") == start
     [row] = outbox_state()
     assert (row["published_at"], row["detoured_at"], row["attempts"]) == (None, None, 0)
-
-
-@pytest.mark.parametrize(
-    ("code", "unavailable"),
-    [
-        (KafkaError._MSG_TIMED_OUT, True),
-        (KafkaError._TRANSPORT, True),
-        (KafkaError._ALL_BROKERS_DOWN, True),
-        (KafkaError.NOT_ENOUGH_REPLICAS, True),
-        (KafkaError._PURGE_INFLIGHT, True),
-        (KafkaError.UNKNOWN_PRODUCER_ID, True),  # a restarted broker forgot the producer
-        (KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, True),
-        (KafkaError.MSG_SIZE_TOO_LARGE, False),
-        (KafkaError.TOPIC_AUTHORIZATION_FAILED, False),
-        (KafkaError.UNKNOWN_TOPIC_OR_PART, False),
-        (KafkaError._UNKNOWN_TOPIC, False),
-        (KafkaError.INVALID_RECORD, False),
-    ],
-)
-def test_errors_are_told_apart_broker_unavailable_or_message_undeliverable(
-    code: int, unavailable: bool
-) -> None:
-    assert broker_unavailable(KafkaError(code)) is unavailable
-
-
-def test_a_fatal_producer_error_is_never_the_message_s_fault() -> None:
-    assert broker_unavailable(KafkaError(KafkaError.INVALID_RECORD, fatal=True))
-
-
-@given(failures=st.integers(min_value=1, max_value=60), seed=st.integers())
-def test_backoff_doubles_from_the_initial_delay_up_to_the_cap_with_jitter(
-    failures: int, seed: int
-) -> None:
-    initial, cap = timedelta(seconds=1), timedelta(minutes=1)
-    ceiling = min(60.0, 2.0 ** (failures - 1))
-
-    delay = backoff_delay(failures, initial, cap, random.Random(seed))
-
-    assert ceiling / 2 <= delay <= ceiling

@@ -253,7 +253,7 @@ def test_a_later_row_read_ahead_before_its_key_was_detoured_is_held_not_sent(
     assert state[head.id]["parked_at"] is not None
     assert state[later.id]["detoured_at"] is not None  # held behind its key's head
     assert (state[later.id]["published_at"], state[later.id]["attempts"]) == (None, 0)
-    assert sorted(copies_on_topic(kafka.bootstrap_servers)) == sorted(ids([a, b, c]))
+    assert copies_on_topic(kafka.bootstrap_servers) == Counter(ids([a, b, c]))  # each once
 
     fix_payload(head.id)
     with as_relay():
@@ -479,12 +479,20 @@ def test_a_fatal_producer_error_replaces_the_producer_and_the_new_one_delivers(
              for n in range(1, 4) for k in ("a", "b")]
     with as_relay():
         with relay_lines(caplog) as logged:
-            wait_for(lambda: relay.run_pass().published >= 0 and unpublished_count() == 0,
-                     timeout=30, what="every row published")
+            published: list[int] = []
+
+            def a_pass_leaves_nothing_unpublished() -> bool:
+                published.append(relay.run_pass().published)
+                return unpublished_count() == 0
+
+            wait_for(a_pass_leaves_nothing_unpublished, timeout=30, what="every row published")
             replaced = logged("producer failed fatally, starting a new one")
         relay.close()
 
     assert replaced == 1
+    # Every later row reported published (the passes' total, 10 for these 6 rows, counts some
+    # twice after the fatal error: a finding left to the relay's owner, issue 30).
+    assert sum(published) >= len(after)
     old, new = RecordingProducer.made
     assert old is not new
     assert sorted(old.produced[:2]) == sorted(ids(before))

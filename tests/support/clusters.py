@@ -60,8 +60,11 @@ class Cluster:
         return self
 
     def start(self) -> "Cluster":
+        # checkpoint_completion_target=0: a requested checkpoint (pg_basebackup's) ends at once
+        # instead of being spread over minutes of an idle test
         options = ["-c listen_addresses=127.0.0.1", f"-c port={self.port}",
                    f"-c unix_socket_directories={self.dir}", "-c fsync=off",
+                   "-c checkpoint_completion_target=0",
                    *(f"-c {s}" for s in self.settings)]
         self.run("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "log"), "-w",
                  "-o", " ".join(options), "start")

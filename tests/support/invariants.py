@@ -261,12 +261,16 @@ def tally(snap: Snapshot, model: ReferenceLedger | None = None) -> dict[str, int
 
 
 def check_invariants(*, documents_before: str, model: ReferenceLedger | None = None,
-                     retention_days: int = 90, snap: Snapshot | None = None) -> Snapshot:
+                     retention_days: int = 90, snap: Snapshot | None = None,
+                     audit_checks: tuple[str, ...] = ("ledger_outbox",),
+                     max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT) -> Snapshot:
     """All of (a)-(e); (d) only when a model of the clean runs is given. `retention_days`: the
     shortest retention any run used (markers older than that may have been pruned). `snap`: a
-    snapshot already taken (e.g. for `tally`), checked instead of a new one."""
+    snapshot already taken (e.g. for `tally`), checked instead of a new one. `audit_checks`
+    and `max_documents_per_event` go to the one audit (check_audit)."""
     snap = check_structure(snap or snapshot(retention_days))
-    check_audit(retention_days=retention_days)
+    check_audit(retention_days=retention_days, checks=audit_checks,
+                max_documents_per_event=max_documents_per_event)
     if model is not None:
         check_matches_model(model, snap)
     assert documents_md5() == documents_before, "invariant (e) broken: person_documents changed"

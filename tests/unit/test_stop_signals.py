@@ -119,11 +119,14 @@ with stop_on_signals() as stop:
     threading.Thread(target=os.kill, args=(os.getpid(), signal.SIGTERM)).start()
     woke.append(stop.wait(30))
     waiter.join(30)
-    print(woke, round(time.monotonic() - started, 1), flush=True)
+    print(woke, time.monotonic() - started, flush=True)
 """)
 
     assert done.returncode == 0, done.stderr
-    assert done.stdout == "[True, True] 0.0\n"
+    woke, seconds = done.stdout.rsplit(" ", 1)
+    assert woke == "[True, True]"
+    # At once: far below the waits' 30 s, with room for a loaded runner (not a 50 ms race).
+    assert float(seconds) < 5, done.stdout
 
 
 def test_the_second_signal_gets_the_default_behaviour() -> None:

@@ -1,0 +1,69 @@
+"""The relay's settings as read from the environment, without a database: a bad value names its
+variable, the defaults, the deprecated claim TTL, the outage and statistics intervals."""
+
+from datetime import timedelta
+
+import pytest
+
+from core.config import ConfigError
+from outbox.config import RelaySettings, load_relay_settings
+
+
+@pytest.mark.parametrize(
+    ("environ", "variable"),
+    [
+        ({}, "KAFKA_BOOTSTRAP_SERVERS"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": ""}, "KAFKA_BOOTSTRAP_SERVERS"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "localhost"}, "KAFKA_BOOTSTRAP_SERVERS"),
+        ({"KAFKA_BOOTSTRAP_SERVERS": "a:1,b:x"}, "KAFKA_BOOTSTRAP_SERVERS"),
+        ({"OUTBOX_BATCH_SIZE": "0"}, "OUTBOX_BATCH_SIZE"),
+        ({"OUTBOX_BATCH_SIZE": "many"}, "OUTBOX_BATCH_SIZE"),
+        ({"OUTBOX_BATCH_SIZE": "1000000"}, "OUTBOX_BATCH_SIZE"),
+        ({"OUTBOX_POLL_INTERVAL": "0s"}, "OUTBOX_POLL_INTERVAL"),
+        ({"OUTBOX_RETENTION": "a week"}, "OUTBOX_RETENTION"),
+        ({"OUTBOX_MAX_ATTEMPTS": "-1"}, "OUTBOX_MAX_ATTEMPTS"),
+        ({"OUTBOX_SHUTDOWN_GRACE": "-3s"}, "OUTBOX_SHUTDOWN_GRACE"),
+        ({"OUTBOX_BACKOFF_INITIAL": "2m"}, "OUTBOX_BACKOFF_MAX"),
+        ({"OUTBOX_LINGER": "soon"}, "OUTBOX_LINGER"),
+        ({"OUTBOX_OUTAGE_LOG_INTERVAL": "0s"}, "OUTBOX_OUTAGE_LOG_INTERVAL"),
+        ({"OUTBOX_OUTAGE_LOG_INTERVAL": "every minute"}, "OUTBOX_OUTAGE_LOG_INTERVAL"),
+        ({"OUTBOX_STATISTICS_INTERVAL": "0"}, "OUTBOX_STATISTICS_INTERVAL"),
+        ({"OUTBOX_STATISTICS_INTERVAL": "2d"}, "OUTBOX_STATISTICS_INTERVAL"),
+    ],
+)
+def test_bad_configuration_names_the_variable(environ: dict[str, str], variable: str) -> None:
+    full = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092", **environ}
+    if not environ:
+        full = {}
+    with pytest.raises(ConfigError) as raised:
+        load_relay_settings(full)
+    assert raised.value.name == variable
+    assert str(raised.value).startswith(f"{variable}: ")
+
+
+def test_configuration_defaults() -> None:
+    settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": " k1:9092, k2:9092 "})
+    assert settings == RelaySettings(bootstrap_servers="k1:9092,k2:9092")
+    assert settings.retention == timedelta(days=7) and settings.batch_size == 500
+    assert settings.outage_log_interval == timedelta(seconds=60)
+    assert settings.statistics_interval == timedelta(seconds=15)
+
+
+@pytest.mark.parametrize("claim_ttl", ["1s", "2m", "not a duration"])
+def test_the_claim_ttl_is_accepted_with_a_deprecation_warning_and_nothing_else(
+    claim_ttl: str,
+) -> None:
+    """No row is leased any more: OUTBOX_CLAIM_TTL, whatever its value or the delivery timeout,
+    changes nothing but a DeprecationWarning."""
+    base = {"KAFKA_BOOTSTRAP_SERVERS": "k1:9092", "OUTBOX_DELIVERY_TIMEOUT": "5m"}
+    with pytest.deprecated_call(match="OUTBOX_CLAIM_TTL is deprecated and ignored"):
+        settings = load_relay_settings({**base, "OUTBOX_CLAIM_TTL": claim_ttl})
+    assert settings == load_relay_settings(base)
+
+
+def test_the_outage_and_statistics_intervals_are_read() -> None:
+    settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": "k1:9092",
+                                    "OUTBOX_OUTAGE_LOG_INTERVAL": "5m",
+                                    "OUTBOX_STATISTICS_INTERVAL": "500ms"})
+    assert settings.outage_log_interval == timedelta(minutes=5)
+    assert settings.statistics_interval == timedelta(milliseconds=500)
