@@ -6,7 +6,7 @@ import hashlib
 import random
 import re
 import uuid
-from datetime import date
+from datetime import date, timedelta
 from pathlib import Path
 
 from hypothesis import given
@@ -64,7 +64,7 @@ def test_the_id_depends_on_what_the_reminder_is_not_on_the_items_order(
 ) -> None:
     shuffled = list(reminder)
     rng.shuffle(shuffled)
-    later = [reminder[0]._replace(expires_at=reminder[0].expires_at.replace(year=2101)),
+    later = [reminder[0]._replace(expires_at=reminder[0].expires_at + timedelta(days=1)),
              *reminder[1:]]
 
     assert message_id(owner, shuffled) == message_id(owner, reminder)
