@@ -1,6 +1,6 @@
 """Every record also carries the CloudEvents 1.0 Kafka binary-mode headers
-(docs/contracts/document-expiry-reminder.md, "CloudEvents"; docs/outbox-relay.md, "The worker's
-write"), so that a CloudEvents consumer (an SDK's Kafka binding, Knative, Dapr) reads the events
+(docs/contracts/document-expiry-reminder.md, "CloudEvents"; docs/outbox-relay.md, "The record's
+headers"), so that a CloudEvents consumer (an SDK's Kafka binding, Knative, Dapr) reads the events
 without code of ours:
 
 - `outbox_cloudevents_headers(...)` builds them: `ce_specversion` 1.0, `ce_id` = the message id,
@@ -24,12 +24,16 @@ FORWARD_SQL = f"""
 set local lock_timeout = '5s';
 
 -- DocumentExpiryReminderKafkaEvent -> document-expiry-reminder: the name ce_source and ce_type
--- carry (contract, "CloudEvents")
+-- carry (contract, "CloudEvents"); the known type spelled out, as the two regular expressions
+-- cost about 45 us a row (a read completing 0.1.0's rows, an insert)
 create function profile.outbox_cloudevents_name(event_type text)
     returns text language sql immutable parallel safe as $$
-    select pg_catalog.lower(pg_catalog.regexp_replace(
-               pg_catalog.regexp_replace(event_type, 'KafkaEvent$', ''),
-               '([a-z0-9])([A-Z])', '\\1-\\2', 'g'))
+    select case event_type
+               when 'DocumentExpiryReminderKafkaEvent' then 'document-expiry-reminder'
+               else pg_catalog.lower(pg_catalog.regexp_replace(
+                        pg_catalog.regexp_replace(event_type, 'KafkaEvent$', ''),
+                        '([a-z0-9])([A-Z])', '\\1-\\2', 'g'))
+           end
 $$;
 
 create function profile.outbox_cloudevents_headers(

@@ -157,3 +157,19 @@ def test_a_writer_s_extra_headers_never_replace_the_cloudevents_headers(
     assert stored["ce_id"] == row_id
     [record] = read_topic(kafka.bootstrap_servers)
     assert_cloudevent(record, row_id, created_at)
+
+
+@pytest.mark.parametrize(("event_type", "name"), [
+    ("DocumentExpiryReminderKafkaEvent", "document-expiry-reminder"),  # spelled out
+    ("ProfileAddressChangedKafkaEvent", "profile-address-changed"),  # by the rule
+    ("KycRefreshed", "kyc-refreshed"),
+])
+def test_the_cloudevents_name_is_the_event_type_in_kebab_case_without_kafka_event(
+    transactional_db: None, event_type: str, name: str
+) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("select outbox_cloudevents_name(%s),"
+                       " lower(regexp_replace(regexp_replace(%s, 'KafkaEvent$', ''),"
+                       "                      '([a-z0-9])([A-Z])', '\\1-\\2', 'g'))",
+                       [event_type, event_type])
+        assert cursor.fetchone() == (name, name)  # the spelled-out name is the rule's
