@@ -79,12 +79,17 @@ def bench_messages(count: int, topic_seed: int = 0) -> list[BenchMessage]:
                            "numberMask": f"45 ** ****{n % 100:02d}", "expiresAt": "2026-12-06",
                            "thresholdDays": 7, "daysLeft": 7}],
         })
-        # What outbox_headers() stores for the worker (migration 0010_outbox_headers_aggregate).
+        created_at = base + timedelta(microseconds=n)
+        # What outbox_headers() stores for the worker (outbox migrations 0010 and 0014).
         headers = {"message_id": str(message_id), "correlation_id": str(uuid.uuid4()),
                    "event_type": "DocumentExpiryReminderKafkaEvent", "contract_version": "1",
-                   "aggregate_type": "Profile", "aggregate_id": owner}
-        messages.append(BenchMessage(message_id, owner, payload, headers,
-                                     base + timedelta(microseconds=n)))
+                   "aggregate_type": "Profile", "aggregate_id": owner,
+                   "ce_specversion": "1.0", "ce_id": str(message_id),
+                   "ce_source": "/pin/profile/document-expiry-reminder",
+                   "ce_type": "pin.profile.document-expiry-reminder.v1",
+                   "ce_time": created_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+                   "ce_subject": owner, "content-type": "application/json"}
+        messages.append(BenchMessage(message_id, owner, payload, headers, created_at))
     return messages
 
 
@@ -133,7 +138,7 @@ def measure_raw(messages: list[BenchMessage], bootstrap: str, topic: str,
                          "acks": "all", "linger.ms": linger_ms,
                          "queue.buffering.max.messages": max(100_000, len(messages)),
                          "logger": _quiet_logger()})
-    # The headers the relay sends: the row's six (read_stream).
+    # The headers the relay sends: the row's thirteen (read_stream).
     records = [(m.key.encode(), m.payload.encode(),
                 [(k, v.encode()) for k, v in m.headers.items()],
                 int(m.created_at.timestamp() * 1000)) for m in messages]

@@ -48,9 +48,12 @@ grant insert (id, aggregate_type, aggregate_id, event_type, contract_version, to
 -- message id (`on conflict (id) do nothing returning id` needs to see the id).
 grant select (id) on profile.outbox_messages to pin_reminder_worker;
 -- A new row's headers are the outbox's (outbox migrations 0009_outbox_headers and
--- 0010_outbox_headers_aggregate: the five-argument form for a writer of the previous release).
+-- 0010_outbox_headers_aggregate: the five-argument form for a writer of the previous release),
+-- the CloudEvents headers included (0014_cloudevents_headers: the seven-argument form calls them).
 grant execute on function profile.outbox_headers(uuid, text, text, integer, jsonb),
-                          profile.outbox_headers(uuid, text, text, integer, text, text, jsonb)
+                          profile.outbox_headers(uuid, text, text, integer, text, text, jsonb),
+                          profile.outbox_cloudevents_headers(text, text, integer, text, timestamptz),
+                          profile.outbox_cloudevents_name(text)
     to pin_reminder_worker;
 
 -- The outbox relay: reads, marks and prunes the outbox; nothing else.
@@ -64,6 +67,13 @@ grant update (published_at, attempts, last_error, available_at, parked_at, detou
 grant select, update on profile.outbox_relay_position to pin_outbox_relay;
 grant select, insert, delete on profile.outbox_relay_batches to pin_outbox_relay;
 grant select on profile.outbox_message_states to pin_outbox_relay;
+-- The reads send a row's headers as stored, or complete a row of the previous release's
+-- (outbox migration 0014_cloudevents_headers).
+grant execute on function
+    profile.outbox_sent_headers(jsonb, uuid, text, integer, text, text, timestamptz),
+    profile.outbox_cloudevents_headers(text, text, integer, text, timestamptz),
+    profile.outbox_cloudevents_name(text)
+    to pin_outbox_relay;
 -- No grant for what the relay reads of the server (outbox/sql/queries.sql: its identity, which
 -- must not be a server in recovery; pg_locks and pg_stat_activity for the lock's holder): every
 -- role may. The outbox's guards (outbox migration 0013_stream_guards) run as their owner: the

@@ -15,13 +15,11 @@ select txid::text, seq from outbox_relay_position;
 -- position), as store.ReadMessage takes them; held = its key has a waiting or parked row in the
 -- slow lane, which it must not overtake
 select m.txid::text, m.seq, m.id::text, m.topic, m.message_key, m.payload::text,
-       -- the Kafka headers as stored (outbox_headers, migration 0010_outbox_headers_aggregate);
-       -- a row stored without its aggregate (an older writer's) gets it here
-       case when m.headers ?& array['aggregate_type', 'aggregate_id'] then m.headers
-            else jsonb_strip_nulls(jsonb_build_object('aggregate_type', m.aggregate_type,
-                                                      'aggregate_id', m.aggregate_id)
-                                   || m.headers)
-       end::text,
+       -- the Kafka headers as stored, CloudEvents' included (outbox_headers); a row stored by
+       -- the previous release is completed here (outbox_sent_headers, migration
+       -- 0014_cloudevents_headers)
+       outbox_sent_headers(m.headers, m.id, m.event_type, m.contract_version, m.aggregate_type,
+                           m.aggregate_id, m.created_at)::text,
        -- the Kafka timestamp (ms since the epoch), and the database's clock (which stamped
        -- created_at) once for the statement: each row's age when read
        floor(extract(epoch from m.created_at) * 1000)::int8,
@@ -116,11 +114,8 @@ returning m.id, m.parked_at is not null as parked;
 -- delayed or parked head holds its key), as store.ReadMessage takes them (no place in the
 -- stream, never held)
 select null::text, null::int8, o.id::text, o.topic, o.message_key, o.payload::text,
-       case when o.headers ?& array['aggregate_type', 'aggregate_id'] then o.headers
-            else jsonb_strip_nulls(jsonb_build_object('aggregate_type', o.aggregate_type,
-                                                      'aggregate_id', o.aggregate_id)
-                                   || o.headers)
-       end::text,
+       outbox_sent_headers(o.headers, o.id, o.event_type, o.contract_version, o.aggregate_type,
+                           o.aggregate_id, o.created_at)::text,
        floor(extract(epoch from o.created_at) * 1000)::int8,
        (select extract(epoch from clock_timestamp())::float8),
        false,

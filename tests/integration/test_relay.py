@@ -128,7 +128,8 @@ def test_a_row_a_writer_of_the_previous_release_stored_is_sent_with_its_aggregat
     transactional_db: None, kafka: MockKafkaCluster
 ) -> None:
     """outbox_headers' five-argument form (a worker of the release before migration 0010, in a
-    rolling deploy) stores no aggregate headers: the read adds them, as before."""
+    rolling deploy) stores no aggregate headers: the read adds them, as before (and the
+    CloudEvents headers, migration 0014)."""
     row_id = uuid.uuid4()
     with as_role(WORKER_ROLE), connection.cursor() as cursor:
         cursor.execute(
@@ -148,11 +149,12 @@ def test_a_row_a_writer_of_the_previous_release_stored_is_sent_with_its_aggregat
     assert "aggregate_id" not in json.loads(stored)
     assert stats.published == 1
     [record] = read_topic(kafka.bootstrap_servers)
-    assert record.headers == {"message_id": str(row_id), "correlation_id": "run-1",
-                              "event_type": events.EVENT_TYPE,
-                              "contract_version": str(events.CONTRACT_VERSION),
-                              "aggregate_type": events.AGGREGATE_TYPE,
-                              "aggregate_id": "old-writer"}
+    # The CloudEvents headers are completed too (tests/integration/test_cloudevents.py).
+    assert {k: v for k, v in record.headers.items() if not k.startswith("ce_")} == {
+        "message_id": str(row_id), "correlation_id": "run-1", "event_type": events.EVENT_TYPE,
+        "contract_version": str(events.CONTRACT_VERSION), "aggregate_type": events.AGGREGATE_TYPE,
+        "aggregate_id": "old-writer", "content-type": "application/json"}
+    assert record.headers["ce_id"] == str(row_id)
 
 
 def test_a_stream_batch_ends_before_a_key_it_already_has_or_one_in_flight(

@@ -65,3 +65,6 @@ def assert_outbox_matches_contract() -> None:
         assert head["correlation_id"]
         if head["correlation_id"] in runs:  # a cycle wrote it: named after its reminder
             assert msg_id == named_after(body)
+            # and its CloudEvents headers stored with the rest (outbox migration 0014)
+            assert (head["ce_id"], head["ce_subject"], head["ce_specversion"]) == (
+                str(msg_id), agg_id, "1.0")
