@@ -275,6 +275,7 @@ def run_floor(conn: psycopg.Connection[Any], config: BenchConfig, as_of: datetim
         "event_type": events.EVENT_TYPE,
         "contract_version": events.CONTRACT_VERSION,
         "topic": events.TOPIC,
+        "message_id_namespace": events.MESSAGE_ID_NAMESPACE,
     }
     activity = _Activity.now(conn)
     started = time.perf_counter()

@@ -18,11 +18,13 @@ from core.config import (
     choice_parser,
     parse_duration,
     parse_duration_or_zero,
+    parse_flag,
     parse_positive_int,
 )
 
 BOOTSTRAP_VAR = "KAFKA_BOOTSTRAP_SERVERS"
 PROPERTIES_VAR = "KAFKA_PRODUCER_CONFIG"
+ALLOW_UNDURABLE_VAR = "OUTBOX_ALLOW_UNDURABLE_TOPIC"
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 
@@ -85,6 +87,9 @@ class RelaySettings(Settings):
     security: KafkaSecurity = KafkaSecurity()
     # Further librdkafka properties from KAFKA_PRODUCER_CONFIG; outbox.kafka refuses the guarded.
     extra_properties: tuple[tuple[str, Scalar], ...] = ()
+    # Publish to a topic that may lose what it acknowledged (outbox.topic): a single-broker
+    # development setup only.
+    allow_undurable_topic: bool = False
 
 
 def parse_bootstrap(name: str, raw: str) -> str:
@@ -113,6 +118,7 @@ VARIABLES: dict[str, tuple[str, Parser[Any]]] = {
     "OUTBOX_LINGER": ("linger", parse_duration_or_zero),
     "OUTBOX_OUTAGE_LOG_INTERVAL": ("outage_log_interval", parse_duration),
     "OUTBOX_STATISTICS_INTERVAL": ("statistics_interval", parse_duration),
+    ALLOW_UNDURABLE_VAR: ("allow_undurable_topic", parse_flag),
 }
 # librdkafka takes statistics.interval.ms up to a day.
 MAX_STATISTICS_INTERVAL = timedelta(days=1)

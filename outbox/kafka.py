@@ -28,6 +28,9 @@ SECURITY_VARIABLES = {
     "ssl.endpoint.identification.algorithm": "KAFKA_SSL_ENDPOINT_IDENTIFICATION",
 }
 _DELIVERY_TIMEOUT = "set OUTBOX_DELIVERY_TIMEOUT instead"
+# The Java client's partitioner (murmur2 of the key): a key lands on the partition Kafka
+# Connect, Debezium or Kafka Streams would choose (docs/outbox-relay.md, "The partitioner").
+PARTITIONER = "murmur2_random"
 # What KAFKA_PRODUCER_CONFIG may not set, and why: the guarantees, and what a variable owns.
 GUARDED_PROPERTIES = {
     "enable.idempotence": "order per key without duplicates from retries rests on it (always true)",
@@ -43,6 +46,8 @@ GUARDED_PROPERTIES = {
     "queue.buffering.max.ms": "set OUTBOX_LINGER instead",
     "client.id": "the relay names its instances itself",
     "statistics.interval.ms": "set OUTBOX_STATISTICS_INTERVAL instead",
+    "partitioner": f"order per key, and a key's partition being the one a Java producer would "
+                   f"choose, rest on it (always {PARTITIONER})",
     **{prop: f"set {var} instead" for prop, var in SECURITY_VARIABLES.items()},
 }
 def security_config(security: KafkaSecurity) -> dict[str, Any]:
@@ -71,6 +76,13 @@ def client_config(settings: RelaySettings) -> dict[str, Any]:
     return {"bootstrap.servers": settings.bootstrap_servers, **security_config(settings.security)}
 
 
+def admin_config(settings: RelaySettings, client_id: str) -> dict[str, Any]:
+    """An admin client's (outbox.topic reads the topics' metadata and configuration with it):
+    connected as the producer is (KAFKA_PRODUCER_CONFIG's properties too), logging as it does."""
+    return {**extra_properties(settings), **client_config(settings), "client.id": client_id,
+            "logger": LibrdkafkaLog(secrets(settings))}
+
+
 def extra_properties(settings: RelaySettings) -> dict[str, Any]:
     """KAFKA_PRODUCER_CONFIG, refused (ConfigError) if it touches a guarded property."""
     for name, _value in settings.extra_properties:
@@ -91,6 +103,7 @@ def producer_config(settings: RelaySettings, client_id: str) -> dict[str, Any]:
         "client.id": client_id,
         "enable.idempotence": True,
         "acks": "all",
+        "partitioner": PARTITIONER,
         "linger.ms": int(settings.linger.total_seconds() * 1000),
         "message.timeout.ms": int(settings.delivery_timeout.total_seconds() * 1000),
         "queue.buffering.max.messages": max(100_000, 2 * settings.batch_size),

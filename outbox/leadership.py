@@ -1,8 +1,10 @@
 """Which relay publishes (docs/outbox-relay.md, "One relay at a time"): the one holding the
-relays' session advisory lock, taken without waiting once per database session. The leader
-checks that the stream belongs to this cluster before reading it (`settle`), and every batch it
-records checks that its statements still reach the server process that took the lead
-(`leader_pid`, store.advance: a pooler by transaction would break the lock's meaning)."""
+relays' session advisory lock, taken without waiting once per database session, and never on a
+server in recovery (a standby: the relay stands by until it is promoted). The leader checks that
+the stream belongs to this cluster before reading it (`settle`), every batch it records checks
+that its statements still reach the server process that took the lead (`leader_pid`,
+store.advance: a pooler by transaction would break the lock's meaning), and its reader checks
+that it reads the server the relay leads on (`server`, outbox.reader)."""
 
 import contextlib
 import logging
@@ -25,6 +27,8 @@ class Leadership:
         self.leader_pid = 0  # the server process holding the lead (advance checks it)
         self._standing_by = False
         self.stood_by = False  # another relay was leading at some look
+        self.server: store.Server | None = None  # the server the relay leads on, while it does
+        self.in_recovery: store.Server | None = None  # the server of the last look, if a standby
 
     def lead(self) -> bool:
         """True while this relay holds the relays' lock: taken, without waiting, once per
@@ -35,10 +39,16 @@ class Leadership:
             # database crash only means sending those rows again).
             self._session = store.relax_commit_durability(self.using)
             self.leading = False
+            self.server = None
         if not self.leading:
-            pid = store.try_to_lead(self.using)
-            self.leading = pid is not None
-            self.leader_pid = pid or 0
+            # A session's server leaves recovery (promoted) but never enters it: a look per
+            # session that does not lead is enough.
+            lead = store.look_for_the_lead(self.using)
+            if not self._on_a_primary(lead.server):
+                return False
+            self.leading = lead.taken
+            self.leader_pid = lead.pid if lead.taken else 0
+            self.server = lead.server if lead.taken else None
             if self.leading:
                 self._emit(logging.INFO, "relay leading", {})
             elif not self._standing_by:  # said once, not at every look
@@ -47,6 +57,29 @@ class Leadership:
             self.stood_by = self.stood_by or self._standing_by
         return self.leading
 
+    def _on_a_primary(self, server: store.Server) -> bool:
+        """False (and said once) while the server is in recovery; said again once promoted."""
+        if server.in_recovery:
+            if self.in_recovery is None:
+                self._emit(logging.WARNING,
+                           "database server in recovery (a standby), standing by until it is "
+                           "promoted", {"server": str(server)})
+            self.in_recovery = server
+            return False
+        if self.in_recovery is not None:
+            self._emit(logging.WARNING, "database server promoted, looking for the lead",
+                       {"server": str(server)})
+            self.in_recovery = None
+        return True
+
+    def confirm_server(self) -> store.Server | None:
+        """The server the relay leads on, asked again on its own session (a session that ended
+        raises the database's error): None when it does not lead."""
+        if not self.leading:
+            return None
+        self.server = store.session_server(self.using)
+        return self.server
+
     def resign(self) -> None:
         """Release the lock (if this relay still holds it on a live session)."""
         session = connections[self.using].connection
@@ -54,6 +87,7 @@ class Leadership:
             with contextlib.suppress(*DatabaseErrors):
                 store.resign(self.using)
         self.leading = False
+        self.server = None
 
     def settle(self) -> None:
         """Make sure the stream's ids belong to this cluster before reading it: re-based onto a

@@ -80,6 +80,7 @@ def install_relay_metrics(registry: CollectorRegistry = REGISTRY) -> None:
     """Register the relay's own metrics in `registry` (once): in a process that relays."""
     RELAY_METRICS.install(registry)
     PARTITION_METRICS.install(registry)
+    TOPIC_METRICS.install(registry)
 
 
 def record_published(n: int = 1) -> None:
@@ -178,3 +179,36 @@ def record_deferred(topic: str, partition: int, n: int) -> None:
 
 def set_partition_available(topic: str, partition: int) -> None:
     PARTITION_UNAVAILABLE.labels(topic=topic, partition=str(partition)).set(0)
+# --- the topics the relay publishes to (outbox.topic) ----------------------------------------
+
+TOPIC_PARTITIONS = Gauge(
+    "profile_outbox_topic_partitions",
+    "Partitions of each topic the relay publishes to, as it last saw them.",
+    ["topic"], registry=None,
+)
+TOPIC_PARTITIONS_CHANGED = Gauge(
+    "profile_outbox_topic_partitions_changed_timestamp_seconds",
+    "When a relay found the topic's partition count changed (recorded in outbox_topics, so it "
+    "survives restarts); 0 if never. Order per key does not hold across such a change.",
+    ["topic"], registry=None,
+)
+# The states of TOPIC_DURABILITY: exactly one is 1 for a topic the relay has looked at.
+DURABILITY_STATES = ("verified", "unverified", "allowed")
+TOPIC_DURABILITY = Gauge(
+    "profile_outbox_topic_durability",
+    "1 for the topic's durability state: verified (replicated, min.insync.replicas >= 2, no "
+    "unclean leader election), unverified (its configuration could not be read: not checked), "
+    "allowed (it may lose acknowledged records; published to by OUTBOX_ALLOW_UNDURABLE_TOPIC).",
+    ["topic", "state"], registry=None,
+)
+TOPIC_METRICS = MetricSet(TOPIC_PARTITIONS, TOPIC_PARTITIONS_CHANGED, TOPIC_DURABILITY)
+
+
+def set_topic_partitions(topic: str, partitions: int, changed_at_s: float | None) -> None:
+    TOPIC_PARTITIONS.labels(topic=topic).set(partitions)
+    TOPIC_PARTITIONS_CHANGED.labels(topic=topic).set(changed_at_s or 0)
+
+
+def set_topic_durability(topic: str, state: str) -> None:
+    for each in DURABILITY_STATES:
+        TOPIC_DURABILITY.labels(topic=topic, state=each).set(1 if each == state else 0)

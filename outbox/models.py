@@ -98,3 +98,23 @@ class OutboxMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_type} {self.id}"
+
+
+class OutboxTopic(models.Model):
+    """A topic the relay publishes to, with its partition count as the relay last saw it, and
+    when one found it changed (outbox/topic.py; migration 0011_topic_partitions). Written by the
+    relay's named query record_topic_partitions only."""
+
+    topic = models.CharField(max_length=249, primary_key=True)
+    partitions = models.IntegerField()
+    recorded_at = models.DateTimeField(db_default=Now())
+    previous_partitions = models.IntegerField(null=True)
+    changed_at = models.DateTimeField(null=True)
+
+    class Meta:
+        db_table = "outbox_topics"
+        constraints = [models.CheckConstraint(condition=models.Q(partitions__gt=0),
+                                              name="ck_outbox_topics_partitions")]
+
+    def __str__(self) -> str:
+        return f"{self.topic} ({self.partitions} partitions)"

@@ -73,6 +73,8 @@ class RelayProducer:
         self._stop_seen_at: float | None = None
         # Batches handed to the current producer and not acknowledged yet, oldest first.
         self._unacked: list[Batch] = []
+        # Called with a batch's rows before they are produced (the relay's TopicWatch.admit).
+        self.admit: Callable[[list[ReadMessage]], None] = lambda _rows: None
         self.outage = OutageLog(self._log_outage,
                                 interval_s=settings.outage_log_interval.total_seconds())
 
@@ -210,6 +212,7 @@ class RelayProducer:
 
     def produce_batch(self, read: Read, start: Position | None = None) -> Batch:
         """Hand a batch's rows to the producer (a held stream row is not sent)."""
+        self.admit(read.messages)
         producer = self.producer
         deadline = (time.monotonic() + self.settings.delivery_timeout.total_seconds()
                     + FLUSH_MARGIN_S)

@@ -7,11 +7,16 @@ Only reads run here (nothing is written, no lock is taken); the relay's own sess
 lead, moves the position and runs everything else. A read started after a position that is no
 longer the one wanted (the batch before stopped short) is waited for and dropped. The session
 stays open while the relay runs; `close()` ends it.
+
+The session reconnects on its own, so it may reach another server than the relay's (a failover
+window, a virtual address that moved): at every (re)connection, and before every read, its
+server must be the primary the relay leads on (same cluster, same postmaster start, not in
+recovery), else the read stops with ReaderOnAnotherServerError and nothing is read there.
 """
 
 import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, Protocol
 
 import psycopg
 
@@ -19,21 +24,54 @@ from core.db import DatabaseErrors, new_session
 from outbox import store
 
 
-class StreamReader:
-    """Reads of the stream for one relay, at most one ahead."""
+class Leader(Protocol):
+    """The server the relay leads on (outbox.leadership.Leadership)."""
 
-    def __init__(self, using: str, batch_size: int) -> None:
+    server: store.Server | None
+
+    def confirm_server(self) -> store.Server | None: ...
+
+
+class StreamReader:
+    """Reads of the stream for one relay, at most one ahead; with a `leader`, only on the
+    server it leads on."""
+
+    def __init__(self, using: str, batch_size: int, *, leader: Leader | None = None) -> None:
         self.using = using
         self.batch_size = batch_size
+        self._leader = leader
         self._session: psycopg.Connection[Any] | None = None
+        self._server: store.Server | None = None  # the server the session reached
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: tuple[store.Position, Future[store.Read]] | None = None
 
     def _connection(self) -> psycopg.Connection[Any]:
-        """The reader's session: connected like the alias's, in the same role."""
-        if self._session is None or self._session.closed:
-            self._session = new_session(self.using, store.QUERIES["stream_reader_session"])
-        return self._session
+        """The reader's session: connected like the alias's, in the same role, to the server the
+        relay leads on."""
+        if self._session is not None and not self._session.closed and self._on_the_leaders():
+            return self._session
+        self._close_session()  # closed, or on another server than the leader's now: anew
+        session = new_session(self.using, store.QUERIES["stream_reader_session"])
+        self._session, self._server = session, store.server_of(session)
+        if not self._on_the_leaders(confirm=True):
+            reached, leading = self._server, self._leader and self._leader.server
+            self._close_session()
+            raise store.ReaderOnAnotherServerError(
+                f"the relay's reader reached {reached}, not the server the relay leads on, "
+                f"{leading}: the pass is stopped before reading there (nothing read there is "
+                "sent or recorded); check that DATABASE_URL names one primary")
+        return session
+
+    def _on_the_leaders(self, *, confirm: bool = False) -> bool:
+        """Is the session on the server the relay leads on? With `confirm`, a mismatch is
+        asked again of the leader's own session (a leader whose session ended raises there)."""
+        if self._leader is None or self._leader.server is None:
+            return True
+        assert self._server is not None  # noqa: S101 - set with the session
+        if self._server.is_the_same_primary_as(self._leader.server):
+            return True
+        leading = self._leader.confirm_server() if confirm else None
+        return leading is not None and self._server.is_the_same_primary_as(leading)
 
     def _read(self, after: store.Position,
               session: psycopg.Connection[Any] | None = None) -> store.Read:
@@ -81,6 +119,7 @@ class StreamReader:
             with contextlib.suppress(*DatabaseErrors):
                 self._session.close()
             self._session = None
+            self._server = None
 
     def close(self) -> None:
         self.drop()

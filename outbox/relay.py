@@ -28,7 +28,7 @@ from django.db import connections
 
 from core.db import DatabaseErrors, delete_in_chunks
 from core.failures import classify_on, retry_event
-from core.health import Heartbeat
+from core.health import Heartbeat, Verdict
 from core.logs import log_event
 from core.supervise import Backoff, supervise
 from outbox import metrics, store
@@ -40,6 +40,7 @@ from outbox.reader import StreamReader
 from outbox.slow import SlowLane
 from outbox.stream import StreamLane
 from outbox.tally import BatchOutcome, RelayStats, Tally
+from outbox.topic import TopicWatch
 from outbox.wakeup import Wakeup
 
 __all__ = ["BatchOutcome", "Relay", "RelayStats"]
@@ -82,7 +83,7 @@ class Relay:
         self.heartbeat = heartbeat  # beaten every loop iteration: /healthz of publish_outbox --loop
         self.kafka = RelayProducer(settings, self.relay_id, emit=self._say, stop=self.stop)
         self.leadership = Leadership(using, emit=self._say)
-        self._reader = StreamReader(using, settings.batch_size)
+        self._reader = StreamReader(using, settings.batch_size, leader=self.leadership)
         self.tally = Tally(settings, self.stats, self.kafka.outage, emit=self._say,
                            stop=self.stop, rng=self.rng, refused=lambda: self.kafka.refused,
                            reached_kafka=self.kafka.reached_kafka, on_batch=on_batch)
@@ -91,6 +92,10 @@ class Relay:
                                  held=HeldWatch(self._say, warn_after_s=STREAM_HELD_WARN_S),
                                  stop=self.stop, emit=self._say)
         self.slow = SlowLane(using, producer=self.kafka, tally=self.tally)
+        # Each topic's first batch waits for a look at its durability and partitions.
+        self.topics = TopicWatch(settings, using, client_id=self.relay_id, emit=self._say,
+                                 kafka_failing=lambda: self.kafka.outage.failing)
+        self.kafka.admit = self.topics.admit
 
     def _say(self, level: int, event: str, fields: dict[str, Any]) -> None:
         log_event(logger, level, event, relay_id=self.relay_id, **fields)
@@ -156,6 +161,8 @@ class Relay:
             held_since: float | None = None
             while not self.stop.is_set():
                 outcome = self.publish_available()
+                if self.leadership.in_recovery is not None:  # nothing produced, nothing pruned
+                    raise store.ServerInRecoveryError(in_recovery_line(self.leadership.in_recovery))
                 if outcome.broker_unavailable:
                     break
                 if outcome.read:
@@ -173,7 +180,14 @@ class Relay:
         finally:
             self.resign()
             self._reader.close()
+            self.topics.close()
         return self.stats
+
+    def readiness(self) -> Verdict:
+        """Not ready while standing by on a server in recovery (--loop's /readyz)."""
+        if self.leadership.in_recovery is not None:
+            return Verdict(False, in_recovery_line(self.leadership.in_recovery))
+        return Verdict(True, "ok")
 
     def _stream_held(self) -> bool:
         """Are there stream rows this leader cannot read yet (a transaction older than theirs
@@ -195,10 +209,13 @@ class Relay:
             if self.heartbeat is not None:
                 self.heartbeat.beat()
             self.connect()
-            if time.monotonic() >= next_prune:
+            self.lead()  # first: a server in recovery takes no statement that writes (prune)
+            if time.monotonic() >= next_prune and self.leadership.in_recovery is None:
                 self.prune()
                 next_prune = time.monotonic() + PRUNE_EVERY_S
             outcome = self.publish_available()
+            if self.leadership.leading and not self.kafka.outage.failing:
+                self.topics.look_again_if_due()  # a partition added, a configuration changed
             backoff.succeeded("database")
             if self.stop.is_set():
                 return  # what the stop released is not the broker's fault
@@ -245,3 +262,11 @@ class Relay:
         self.resign()
         self._reader.close()
         self.kafka.close()
+        self.topics.close()
+
+
+def in_recovery_line(server: store.Server) -> str:
+    """Why a relay does not publish on `server`, in one line."""
+    return (f"the database server {server} is in recovery (a standby, or a restore under way): "
+            "the relay publishes only on the primary; point DATABASE_URL at it (with several "
+            "hosts: target_session_attrs=read-write)")

@@ -94,8 +94,86 @@ class SessionChangedError(RuntimeError):
     a pooler by transaction (PgBouncer pool_mode=transaction) is in the way."""
 
 
-# Raised by outbox_stream_settle() (migration 0006_stream_cluster).
+class StreamSubscribedError(RuntimeError):
+    """The database moved to this cluster while a logical-replication subscription still
+    applies the outbox to it: the stream is not re-based under the rows still coming."""
+
+
+class ServerInRecoveryError(RuntimeError):
+    """The relay's database server is in recovery (a hot standby, a restore under way): the
+    relay publishes only on the primary it leads on."""
+
+
+class ReaderOnAnotherServerError(RuntimeError):
+    """The relay's reader reached another server than the one the relay leads on (a failover
+    window, a virtual address that moved): what it reads there is not what the position
+    covers."""
+
+
+# Raised by outbox_stream_settle() (migrations 0006_stream_cluster, 0013_stream_guards).
 STREAM_AHEAD_SQLSTATE = "OB001"
+STREAM_SUBSCRIBED_SQLSTATE = "OB004"
+# Raised by the trigger outbox_messages_behind_position (migration 0013_stream_guards).
+ROW_BEHIND_POSITION_SQLSTATE = "OB005"
+
+
+@dataclass(frozen=True, slots=True)
+class Server:
+    """The PostgreSQL server a session reached: its cluster, when its postmaster started (a
+    promoted standby shares its primary's cluster id, never its start), whether it is in
+    recovery, and where (for the messages)."""
+
+    system_identifier: int
+    started_at: datetime
+    in_recovery: bool
+    address: str
+
+    def is_the_same_primary_as(self, other: "Server") -> bool:
+        """Both sessions reach one primary server (the leader's reads and writes agree)."""
+        return (self.system_identifier == other.system_identifier
+                and self.started_at == other.started_at
+                and not self.in_recovery and not other.in_recovery)
+
+    def __str__(self) -> str:
+        return (f"{self.address} (cluster {self.system_identifier}, up since "
+                f"{self.started_at.isoformat(timespec='seconds')}"
+                f"{', in recovery' if self.in_recovery else ''})")
+
+
+@dataclass(frozen=True, slots=True)
+class Lead:
+    """One look for the relays' lock: taken or not, the server process that looked, and the
+    server it reached (never taken on a server in recovery)."""
+
+    taken: bool
+    pid: int
+    server: Server
+
+
+@dataclass(frozen=True, slots=True)
+class LockHolder:
+    """The session holding the relays' lock, as far as this role may see it (pg_stat_activity
+    shows another role's client address and state only to pg_read_all_stats)."""
+
+    pid: int
+    user: str | None
+    client_addr: str | None
+    client_port: int | None
+    application_name: str | None
+    state: str | None
+    idle_for_s: float | None
+
+    def __str__(self) -> str:
+        where = (f"{self.client_addr}:{self.client_port}" if self.client_addr
+                 else "a local socket" if self.client_port == -1
+                 else "an address this role may not see")
+        state = ("state not visible to this role" if self.state is None
+                 else f"idle for {self.idle_for_s:.0f}s" if self.state == "idle"
+                 and self.idle_for_s is not None
+                 else self.state)
+        return (f"server process {self.pid} ({self.user or 'another role'}, from {where}, "
+                f"{state}"
+                f"{f', application {self.application_name!r}' if self.application_name else ''})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,13 +244,49 @@ def relax_commit_durability(using: str) -> psycopg.Connection[Any]:
 # The relays' session advisory lock: the one relay holding it publishes, the others stand by.
 RELAY_LOCK = 7_203_100_001
 
-def try_to_lead(using: str) -> int | None:
-    """Take the relays' lock for this database session, without waiting: the server process
-    that holds it if taken (advance checks it), None if another relay holds it."""
+def look_for_the_lead(using: str) -> Lead:
+    """Take the relays' lock for this database session, without waiting, unless its server is
+    in recovery; what was found."""
     with server_cursor(using) as cur:
         cur.execute(QUERIES["try_to_lead"], {"lock": RELAY_LOCK})
-        taken, pid = one(cur)
-    return int(pid) if taken else None
+        taken, pid, system, started_at, in_recovery = one(cur)
+    return Lead(bool(taken), int(pid),
+                Server(int(system), started_at, bool(in_recovery), _address(cur.connection)))
+
+
+def try_to_lead(using: str) -> int | None:
+    """Take the relays' lock for this database session, without waiting: the server process
+    that holds it if taken (advance checks it), None if another relay holds it (or the server
+    is in recovery)."""
+    lead = look_for_the_lead(using)
+    return lead.pid if lead.taken else None
+
+
+def server_of(conn: psycopg.Connection[Any]) -> Server:
+    """The server a session reached."""
+    with psycopg.Cursor(conn) as cur:
+        cur.execute(QUERIES["server_identity"])
+        system, started_at, in_recovery = one(cur)
+    return Server(int(system), started_at, bool(in_recovery), _address(conn))
+
+
+def session_server(using: str) -> Server:
+    """The server the alias's session reached."""
+    return server_of(raw_connection(using))
+
+
+def _address(conn: psycopg.Connection[Any]) -> str:
+    """host:port/database of a session, as the client reached it."""
+    info = conn.info
+    return f"{info.host}:{info.port}/{info.dbname}"
+
+
+def relay_lock_holder(using: str) -> LockHolder | None:
+    """The session holding the relays' lock on this database (None: nobody holds it now)."""
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["relay_lock_holder"], {"lock": RELAY_LOCK})
+        row = cur.fetchone()
+    return None if row is None else LockHolder(*row)
 
 
 def settle_stream(using: str) -> Settlement:
@@ -186,6 +300,8 @@ def settle_stream(using: str) -> Settlement:
     except psycopg.Error as exc:
         if exc.sqlstate == STREAM_AHEAD_SQLSTATE:
             raise StreamAheadError(exc.diag.message_primary or str(exc)) from None
+        if exc.sqlstate == STREAM_SUBSCRIBED_SQLSTATE:
+            raise StreamSubscribedError(exc.diag.message_primary or str(exc)) from None
         raise
 
 
@@ -317,6 +433,23 @@ def prune_batches(using: str, retention: timedelta) -> int:
     with server_cursor(using) as cur:
         cur.execute(QUERIES["prune_batches"], {"retention": retention})
         return cur.rowcount
+
+
+@dataclass(frozen=True, slots=True)
+class TopicPartitions:
+    """What recording a topic's partition count found: the count before, if it changed now,
+    and when a relay last found it changed (seconds since the epoch), if ever."""
+
+    previous: int | None
+    changed_at_s: float | None
+
+
+def record_topic_partitions(using: str, topic: str, partitions: int) -> TopicPartitions:
+    """Record `topic`'s partition count as seen now (migration 0011_topic_partitions)."""
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["record_topic_partitions"], {"topic": topic, "partitions": partitions})
+        previous, changed_at_s = one(cur)
+    return TopicPartitions(previous, changed_at_s)
 
 
 def list_parked(using: str, limit: int) -> list[ParkedMessage]:

@@ -241,7 +241,8 @@ class ReminderRunAdmin(ReadOnlyAdmin):
     fields = ("run_id", "status", "trigger", "tick", "as_of", "started_at", "finished_at",
               "duration_ms", "thresholds",
               "reminders_sent", "owners_notified", "markers_written", "markers_rearmed",
-              "skipped_already_marked", "pruned", "failed_owners", "error", "host", "links")
+              "owners_already_queued", "skipped_already_marked", "pruned", "failed_owners",
+              "error", "host", "links")
     readonly_fields = ("links",)
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any],

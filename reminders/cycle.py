@@ -140,6 +140,7 @@ class Cycle:
             run_id=result.run_id, status=result.status, dry_run=ledger.dry_run,
             reminders_sent=result.reminders_sent, owners_notified=result.owners_notified,
             markers_written=result.markers_written, markers_rearmed=result.markers_rearmed,
+            owners_already_queued=result.owners_already_queued,
             skipped_already_marked=result.skipped_already_marked, pruned=result.pruned,
             failed_owners=result.failed_owners, duration_ms=result.duration_ms,
             reminders_by_threshold={str(k): v for k, v in sorted(result.reminders_by_threshold.items())},
@@ -218,6 +219,10 @@ class Cycle:
         result.markers_written += outcome.markers_won
         result.markers_rearmed += outcome.markers_rearmed
         result.owners_notified += outcome.events_written
+        result.owners_already_queued += outcome.owners_already_queued
+        if outcome.owners_already_queued:
+            log_event(logger, logging.WARNING, "reminders already queued",
+                      run_id=result.run_id, owners=outcome.owners_already_queued)
         result.reminders_sent += len(outcome.notified)
         result.reminders_by_threshold.update(
             map(operator.itemgetter(store.THRESHOLD_DAYS), outcome.notified))

@@ -4,7 +4,11 @@ The body is built in SQL (store `claim_batch`) from the markers a cycle won; the
 the constants of its envelope. docs/contracts/ documents the contract and its JSON Schema.
 """
 
-from datetime import UTC, datetime
+import hashlib
+import uuid
+from collections.abc import Iterable
+from datetime import UTC, date, datetime
+from typing import NamedTuple
 
 AGGREGATE_TYPE = "Profile"
 EVENT_TYPE = "DocumentExpiryReminderKafkaEvent"
@@ -30,3 +34,35 @@ def format_instant(instant: datetime) -> str:
     utc = instant.astimezone(UTC)
     spec = "milliseconds" if utc.microsecond else "seconds"
     return utc.isoformat(timespec=spec).replace("+00:00", "Z")
+
+
+# The outbox row's id (the `message_id` header) is named after what the reminder is, so a
+# reminder written again after a restore or rollback is a redelivery to every consumer
+# (docs/design.md, "One reminder, one message id"; docs/contracts/ documents the derivation).
+MESSAGE_ID_NAMESPACE = uuid.UUID("c5cc8b04-2178-5be9-aab2-e07f9c6ede53")
+
+
+class ReminderItem(NamedTuple):
+    """One document of an event, as its message id names it."""
+
+    document_id: uuid.UUID
+    threshold_days: int
+    expires_at: date
+
+
+def message_id_name(owner_user_id: uuid.UUID, items: Iterable[ReminderItem]) -> str:
+    """The reminder's name: the owner, then `;document,threshold,YYYY-MM-DD` per item, the
+    items by document id, threshold, expiry date (ids in canonical lowercase text)."""
+    ordered = sorted((str(i.document_id), i.threshold_days, i.expires_at) for i in items)
+    return str(owner_user_id) + "".join(
+        f";{document},{threshold},{expires.isoformat()}" for document, threshold, expires in ordered)
+
+
+def message_id(owner_user_id: uuid.UUID, items: Iterable[ReminderItem]) -> uuid.UUID:
+    """The reminder's message id, as the claim statement computes it: a name-based UUID
+    (RFC 9562 version 8, SHA-256, as its appendix B.2) over the namespace and the name."""
+    name = message_id_name(owner_user_id, items).encode("utf-8")
+    digest = bytearray(hashlib.sha256(MESSAGE_ID_NAMESPACE.bytes + name).digest()[:16])
+    digest[6] = (digest[6] & 0x0F) | 0x80  # version 8
+    digest[8] = (digest[8] & 0x3F) | 0x80  # the RFC 4122/9562 variant
+    return uuid.UUID(bytes=bytes(digest))

@@ -35,6 +35,12 @@ MARKERS_REARMED_TOTAL = Counter(
     "Markers replaced in place because the document's expiry date changed (renewed or "
     "corrected): its thresholds are reminded again for the new date.", registry=None,
 )
+ALREADY_QUEUED_TOTAL = Counter(
+    "profile_document_expiry_reminder_owners_already_queued_total",
+    "Owners whose reminder the outbox already held under its message id (a ledger restored "
+    "or rolled back without its outbox): markers written again, no second event.",
+    registry=None,
+)
 ERRORS_TOTAL = Counter(
     "profile_document_expiry_reminder_errors_total",
     "Owners that failed in a cycle (retried next cycle), plus cycles that failed outright.",
@@ -51,7 +57,7 @@ LAST_SUCCESS = Gauge(
     "knows) ended.", registry=None,
 )
 REMINDER_METRICS = MetricSet(REMINDERS_TOTAL, CYCLE_DURATION, MARKERS_REARMED_TOTAL,
-                             ERRORS_TOTAL, CYCLES_TOTAL, LAST_SUCCESS)
+                             ALREADY_QUEUED_TOTAL, ERRORS_TOTAL, CYCLES_TOTAL, LAST_SUCCESS)
 
 
 def declare_thresholds(thresholds: tuple[int, ...]) -> None:
@@ -68,6 +74,8 @@ def observe_cycle(result: CycleResult, *, finished_at: datetime | None = None) -
         REMINDERS_TOTAL.labels(threshold_days=str(threshold)).inc(count)
     if result.markers_rearmed:
         MARKERS_REARMED_TOTAL.inc(result.markers_rearmed)
+    if result.owners_already_queued:
+        ALREADY_QUEUED_TOTAL.inc(result.owners_already_queued)
     CYCLE_DURATION.observe(result.duration_ms / 1000)
     CYCLES_TOTAL.labels(status=str(result.status)).inc()
     errors = result.failed_owners + (1 if result.status == ReminderRun.Status.FAILED else 0)

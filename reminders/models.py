@@ -90,6 +90,8 @@ class ReminderRun(models.Model):
     markers_written = models.IntegerField(default=0, db_default=0)
     # of markers_written: those that replaced a marker of an earlier expiry date (docs/design.md §3.2)
     markers_rearmed = models.IntegerField(default=0, db_default=0)
+    # owners whose reminder the outbox already held under its message id: no second event
+    owners_already_queued = models.IntegerField(default=0, db_default=0)
     skipped_already_marked = models.IntegerField(default=0, db_default=0)
     pruned = models.IntegerField(default=0, db_default=0)
     failed_owners = models.IntegerField(default=0, db_default=0)

@@ -47,5 +47,7 @@ def plan_batch(
         markers_rearmed=sum(len(decision.rearmed) for _, decision in kept),
         due_documents=len(kept),
         events_written=len({item.owner_user_id for item in notified}),
+        # the dry run shows no message ids and does not look for them in the outbox
+        owners_already_queued=0,
         notified=notified,
     )

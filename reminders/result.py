@@ -26,6 +26,9 @@ class CycleResult:
     owners_notified: int = 0
     markers_written: int = 0
     markers_rearmed: int = 0
+    # owners whose reminder the outbox already held (the same message id): markers written,
+    # no second event (a ledger restored or rolled back without its outbox)
+    owners_already_queued: int = 0
     skipped_already_marked: int = 0
     pruned: int = 0
     failed_owners: int = 0
@@ -44,6 +47,7 @@ class CycleResult:
             "owners_notified": self.owners_notified,
             "markers_written": self.markers_written,
             "markers_rearmed": self.markers_rearmed,
+            "owners_already_queued": self.owners_already_queued,
             "skipped_already_marked": self.skipped_already_marked,
             "pruned": self.pruned,
             "failed_owners": self.failed_owners,

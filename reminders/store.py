@@ -63,6 +63,10 @@ class BatchClaim:
     due_documents: int
     events_written: int
     markers_rearmed: int
+    # owners whose reminder (the same message id) the outbox already holds: their markers
+    # were written again, their event was not (a ledger restored or rolled back without its
+    # outbox); their items are not in `notified`
+    owners_already_queued: int
     # By owner, then days left, then document; each row starts with NOTIFIED_FIELDS (the
     # claim statement's rows as they come: nothing is built per reminder).
     notified: Sequence[Sequence[Any]]
@@ -187,7 +191,9 @@ def claim_batch(
     `DueOwner.document_ids`, at most `events.MAX_DOCUMENTS_PER_EVENT` of them, the caller
     caps), in one statement: decide, insert the markers
     (insert-wins; a marker of an earlier expiry date is re-armed in place) and one outbox row
-    per owner whose t* was won. No document row travels to the worker and back."""
+    per owner whose t* was won, named after its reminder (`events.message_id`; an owner whose
+    reminder the outbox holds already is counted, not written again). No document row travels
+    to the worker and back."""
     params: dict[str, Any] = {
         "document_ids": list(document_ids),
         **_window_params(window, thresholds, as_of_date),
@@ -197,6 +203,7 @@ def claim_batch(
         "event_type": events.EVENT_TYPE,
         "contract_version": events.CONTRACT_VERSION,
         "topic": events.TOPIC,
+        "message_id_namespace": events.MESSAGE_ID_NAMESPACE,
         "extra_headers": json.dumps(extra_headers) if extra_headers else None,
         "unknown_type": events.UNKNOWN_DOCUMENT_TYPE,
     }
@@ -210,12 +217,13 @@ def claim_from_rows(rows: list[tuple[Any, ...]]) -> BatchClaim:
     if not rows:
         raise psycopg.ProgrammingError("the statement returned no row")
     totals = len(NOTIFIED_FIELDS)
-    markers_won, due_documents, events_written, markers_rearmed = rows[0][totals:]
+    markers_won, due_documents, events_written, markers_rearmed, already_queued = rows[0][totals:]
     return BatchClaim(
         markers_won=int(markers_won),
         due_documents=int(due_documents),
         events_written=int(events_written),
         markers_rearmed=int(markers_rearmed),
+        owners_already_queued=int(already_queued),
         notified=rows if rows[0][0] is not None else [],  # one row of nulls: none notified
     )
 

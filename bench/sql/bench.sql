@@ -68,8 +68,12 @@ items as (
     where c.notified
 ),
 events as (
-    select gen_random_uuid() as id,
-           owner_user_id,
+    select owner_user_id,
+           -- the reminder's name, as claim_batch names it
+           owner_user_id::text || string_agg(
+               ';' || document_id::text || ',' || threshold_days::text || ','
+               || to_char(expires_on, 'YYYY-MM-DD'),
+               '' order by document_id, threshold_days, expires_on) as name,
            jsonb_build_object(
                'ownerUserId', owner_user_id::text,
                'remindedAt', %(reminded_at)s::text,
@@ -83,6 +87,17 @@ events as (
     from items
     group by owner_user_id
 ),
+identified as (
+    -- the message id as claim_batch computes it (version 8 over SHA-256 of namespace and name)
+    select e.owner_user_id, e.payload,
+           encode(set_byte(set_byte(h.bytes, 6, (get_byte(h.bytes, 6) & 15) | 128),
+                           8, (get_byte(h.bytes, 8) & 63) | 128), 'hex')::uuid as id
+    from events e
+    cross join lateral (
+        select substring(sha256(uuid_send(%(message_id_namespace)s::uuid)
+                                || convert_to(e.name, 'UTF8')) from 1 for 16) as bytes
+    ) h
+),
 written as (
     insert into outbox_messages
         (id, aggregate_type, aggregate_id, event_type, contract_version, topic, message_key,
@@ -95,7 +110,7 @@ written as (
                'event_type', %(event_type)s::text,
                'contract_version', %(contract_version)s::int::text),
            now(), 0
-    from events e
+    from identified e
     returning 1
 )
 select (select count(*) from claimed) as markers, (select count(*) from written) as events;
@@ -119,22 +134,22 @@ where d.status = 'Active'
   and d.expires_at < %(window_end)s
   and get_byte(uuid_send(d.id), 15) < 13;
 
--- save_floor: keep the floor's markers and events, without ids and times, for the comparison
+-- save_floor: keep the floor's markers (without ids and times) and events (with their message ids, named after the reminder as the worker names them), for the comparison
 drop table if exists public.bench_floor_markers, public.bench_floor_events;
 create table public.bench_floor_markers as
     select document_id, owner_user_id, type, threshold_days, expires_at, notified
     from document_expiry_reminders;
 create table public.bench_floor_events as
-    select aggregate_type, aggregate_id, event_type, contract_version, topic, message_key, payload
+    select id, aggregate_type, aggregate_id, event_type, contract_version, topic, message_key, payload
     from outbox_messages;
 
--- save_stale: keep the stale-statistics cycle's markers and events, without ids and times, for the comparison with the floor (which runs after it)
+-- save_stale: keep the stale-statistics cycle's markers (without ids and times) and events (with their message ids), for the comparison with the floor (which runs after it)
 drop table if exists public.bench_stale_markers, public.bench_stale_events;
 create table public.bench_stale_markers as
     select document_id, owner_user_id, type, threshold_days, expires_at, notified
     from document_expiry_reminders;
 create table public.bench_stale_events as
-    select aggregate_type, aggregate_id, event_type, contract_version, topic, message_key, payload
+    select id, aggregate_type, aggregate_id, event_type, contract_version, topic, message_key, payload
     from outbox_messages;
 
 -- compare_stale_with_floor: rows that differ between the stale-statistics cycle's output and the floor's, both ways
@@ -165,16 +180,16 @@ select
          select document_id, owner_user_id, type, threshold_days, expires_at, notified
          from document_expiry_reminders)) as m) as markers_differing,
     (select count(*) from (
-        (select aggregate_type, aggregate_id, event_type, contract_version, topic, message_key,
-                payload
+        (select id, aggregate_type, aggregate_id, event_type, contract_version, topic,
+                message_key, payload
          from outbox_messages
          except all
          select * from public.bench_floor_events)
         union all
         (select * from public.bench_floor_events
          except all
-         select aggregate_type, aggregate_id, event_type, contract_version, topic, message_key,
-                payload
+         select id, aggregate_type, aggregate_id, event_type, contract_version, topic,
+                message_key, payload
          from outbox_messages)) as e) as events_differing,
     (select count(*) from public.bench_floor_markers) as floor_markers,
     (select count(*) from public.bench_floor_events) as floor_events;
@@ -192,7 +207,7 @@ limit 150
 select md5(s.salt || (n / 3)::text)::uuid::text, gen_random_uuid()::text,
        (array['Passport', 'Visa', 'DriverLicense', 'Inn'])[1 + n %% 4],
        (array[30, 7, 1, 0])[1 + n %% 4], n %% 30 - 5,
-       3 * %(rows)s::int, %(rows)s::int, %(rows)s::int / 3, 0
+       3 * %(rows)s::int, %(rows)s::int, %(rows)s::int / 3, 0, 0
 from (select random()::text as salt) s
 cross join generate_series(1, %(rows)s::int) as n
 order by 1, 5, 2;

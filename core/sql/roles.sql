@@ -44,6 +44,9 @@ revoke insert on profile.outbox_messages from pin_reminder_worker;
 grant insert (id, aggregate_type, aggregate_id, event_type, contract_version, topic,
               message_key, payload, headers, created_at, attempts)
     on profile.outbox_messages to pin_reminder_worker;
+-- A row's id only (no payload): the claim skips a reminder the outbox already holds under its
+-- message id (`on conflict (id) do nothing returning id` needs to see the id).
+grant select (id) on profile.outbox_messages to pin_reminder_worker;
 -- A new row's headers are the outbox's (outbox migrations 0009_outbox_headers and
 -- 0010_outbox_headers_aggregate: the five-argument form for a writer of the previous release).
 grant execute on function profile.outbox_headers(uuid, text, text, integer, jsonb),
@@ -61,6 +64,13 @@ grant update (published_at, attempts, last_error, available_at, parked_at, detou
 grant select, update on profile.outbox_relay_position to pin_outbox_relay;
 grant select, insert, delete on profile.outbox_relay_batches to pin_outbox_relay;
 grant select on profile.outbox_message_states to pin_outbox_relay;
+-- No grant for what the relay reads of the server (outbox/sql/queries.sql: its identity, which
+-- must not be a server in recovery; pg_locks and pg_stat_activity for the lock's holder): every
+-- role may. The outbox's guards (outbox migration 0013_stream_guards) run as their owner: the
+-- trigger outbox_messages_behind_position and outbox_stream_settle() (SECURITY DEFINER, its
+-- grant as before), whose subscription check reads only catalogs every role may read.
+-- Each topic's partition count as the relay last saw it (outbox/topic.py).
+grant select, insert, update on profile.outbox_topics to pin_outbox_relay;
 
 -- Observability: the worker's metrics server reports the outbox backlog (so it stays visible
 -- while the relay is down), reading only the bookkeeping timestamps, never payload or headers.
@@ -99,6 +109,6 @@ grant select (id, owner_user_id, expires_at, status, deleted_at, updated_at)
     on profile.person_documents to pin_reminder_auditor;
 grant select on profile.document_expiry_reminders, profile.document_expiry_reminder_runs,
     profile.outbox_messages, profile.outbox_relay_position, profile.outbox_relay_batches,
-    profile.outbox_message_states
+    profile.outbox_message_states, profile.outbox_topics
     to pin_reminder_auditor;
 alter role pin_reminder_auditor set default_transaction_read_only = on;

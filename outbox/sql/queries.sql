@@ -139,9 +139,34 @@ where o.detoured_at is not null
 order by o.txid, o.seq
 limit %(batch_size)s;
 
--- try_to_lead: take the relays' session advisory lock without waiting: true for the one relay
--- that publishes, false for a standby; and the server process that holds it
-select pg_try_advisory_lock(%(lock)s::bigint), pg_backend_pid();
+-- try_to_lead: take the relays' session advisory lock without waiting, never on a server in
+-- recovery (the lock works there too, and the relay must not lead there): true for the one relay
+-- that publishes, false for a standby; the server process that looked, and the server it reached
+-- (as server_identity)
+select case when pg_is_in_recovery() then false
+            else pg_try_advisory_lock(%(lock)s::bigint) end,
+       pg_backend_pid(), c.system_identifier, pg_postmaster_start_time(), pg_is_in_recovery()
+from pg_control_system() c;
+
+-- server_identity: the server a session reached: its cluster, when its postmaster started (a
+-- promoted standby has its primary's cluster id and its own start), whether it is in recovery
+select c.system_identifier, pg_postmaster_start_time(), pg_is_in_recovery()
+from pg_control_system() c;
+
+-- relay_lock_holder: the session holding the relays' lock on this database (a bigint advisory
+-- key is classid = its high half, objid = its low half, objsubid = 1), with what this role may
+-- see of it in pg_stat_activity (another role's address and state only with pg_read_all_stats)
+select l.pid, a.usename::text, host(a.client_addr), a.client_port, a.application_name, a.state,
+       extract(epoch from now() - a.state_change)::float8
+from pg_locks l
+left join pg_stat_activity a on a.pid = l.pid
+where l.locktype = 'advisory'
+  and l.granted
+  and l.database = (select d.oid from pg_database d where d.datname = current_database())
+  and l.classid::int8 = (%(lock)s::int8 >> 32)
+  and l.objid::int8 = (%(lock)s::int8 & 4294967295)
+  and l.objsubid = 1
+limit 1;
 
 -- resign: release the relays' session advisory lock, so that a standby leads at once
 select pg_advisory_unlock(%(lock)s::bigint);
@@ -205,6 +230,22 @@ where b.published_at < now() - %(retention)s::interval
       select 1 from outbox_messages m
       where (m.txid, m.seq) <= (b.upto_txid, b.upto_seq)
         and m.detoured_at is null);
+
+-- record_topic_partitions: a topic's partition count as the relay sees it now (outbox/topic.py,
+-- migration 0011_topic_partitions): the count recorded before if it differed (null if it was the
+-- same, or none was recorded), and when a relay last found it changed (seconds since the epoch,
+-- null if never)
+with recorded as (
+    insert into outbox_topics as t (topic, partitions) values (%(topic)s, %(partitions)s)
+    on conflict (topic) do update
+        set partitions = excluded.partitions, previous_partitions = t.partitions,
+            changed_at = now()
+        where t.partitions <> excluded.partitions
+    returning previous_partitions, changed_at)
+select (select previous_partitions from recorded),
+       extract(epoch from coalesce((select changed_at from recorded),
+                                   (select changed_at from outbox_topics
+                                    where topic = %(topic)s)))::float8;
 
 -- list_parked: parked rows, oldest first, with the rows of their key held behind them in the slow
 -- lane (rows of the key the stream has not reached yet join them when it does)

@@ -123,8 +123,9 @@ order by d.owner_user_id, d.id;
 
 -- claim_batch: for a batch of owners, in one statement: their due documents (by id, from
 -- due_owners) and markers, the rules (as reminders.rules.decide), the markers (insert-wins, in
--- document/threshold order), one outbox row per owner whose t* this statement won, and the notified
--- items for the log
+-- document/threshold order), one outbox row per owner whose t* this statement won (its id named
+-- after the reminder: an owner whose reminder the outbox holds already gets none), and the
+-- notified items for the log
 with docs as materialized (
     -- marked: the thresholds marked for the current expiry date; stale: those marked for
     -- another date (renewed or corrected), which count for nothing and are re-armed in place.
@@ -219,9 +220,14 @@ items as (
     where c.notified
 ),
 events as (
-    select gen_random_uuid() as id,
-           owner_user_id,
+    select owner_user_id,
            min(days_left) as most_urgent,
+           -- the reminder's name (events.message_id_name): the owner, then its items by
+           -- document, threshold, expiry date (a uuid sorts as its lowercase text)
+           owner_user_id::text || string_agg(
+               ';' || document_id::text || ',' || threshold_days::text || ','
+               || to_char(expires_on, 'YYYY-MM-DD'),
+               '' order by document_id, threshold_days, expires_on) as name,
            jsonb_build_object(
                'ownerUserId', owner_user_id::text,
                'remindedAt', %(reminded_at)s::text,
@@ -235,6 +241,18 @@ events as (
     from items
     group by owner_user_id
 ),
+identified as (
+    -- one reminder, one id, whenever it is written (events.message_id): RFC 9562 version 8
+    -- over SHA-256 of the namespace and the name, with built-in functions only
+    select e.owner_user_id, e.most_urgent, e.payload,
+           encode(set_byte(set_byte(h.bytes, 6, (get_byte(h.bytes, 6) & 15) | 128),
+                           8, (get_byte(h.bytes, 8) & 63) | 128), 'hex')::uuid as id
+    from events e
+    cross join lateral (
+        select substring(sha256(uuid_send(%(message_id_namespace)s::uuid)
+                                || convert_to(e.name, 'UTF8')) from 1 for 16) as bytes
+    ) h
+),
 written as (
     insert into outbox_messages
         (id, aggregate_type, aggregate_id, event_type, contract_version, topic, message_key,
@@ -247,25 +265,32 @@ written as (
                           %(contract_version)s::int, %(aggregate_type)s::text,
                           e.owner_user_id::text, %(extra_headers)s::jsonb),
            now(), 0
-    from events e
+    from identified e
     order by e.most_urgent, e.owner_user_id
+    -- the same reminder is already in the outbox (a ledger restored or rolled back without its
+    -- outbox): its markers are written again, its event is not (the owner is already queued)
+    on conflict (id) do nothing
+    returning id
+),
+written_owners as (
+    select e.owner_user_id from identified e where e.id in (select id from written)
 ),
 totals as (
-    -- `written` runs to completion although nothing reads it (the worker may not read the outbox).
     select (select count(*) from claimed) as markers_won,
            (select count(distinct id) from planned) as due_documents,
-           (select count(*) from events) as events_written,
+           (select count(*) from written) as events_written,
+           (select count(*) from identified) - (select count(*) from written) as already_queued,
            -- won markers that replaced one of another date (as read by this statement)
            (select count(*) from claimed c
             join planned p on p.id = c.document_id and p.threshold_days = c.threshold_days
             where p.rearm) as markers_rearmed
 )
--- one row per notified item (owner, document, type, threshold, days left: the log line's
--- fields, ids as text, ready to write), or one row of nulls; then the totals on every row
+-- one row per notified item of a written event (owner, document, type, threshold, days left: the
+-- log line's fields, ids as text, ready to write), or one row of nulls; then the totals on every row
 select i.owner_user_id::text, i.document_id::text, i.type, i.threshold_days, i.days_left,
-       t.markers_won, t.due_documents, t.events_written, t.markers_rearmed
+       t.markers_won, t.due_documents, t.events_written, t.markers_rearmed, t.already_queued
 from totals t
-left join items i on true
+left join items i on i.owner_user_id in (select owner_user_id from written_owners)
 order by i.owner_user_id, i.days_left, i.document_id;
 
 -- prune_plan: for the rest of the prune chunk's transaction, whatever the statistics say: the
@@ -313,6 +338,7 @@ set finished_at = now(),
     owners_notified = %(owners_notified)s,
     markers_written = %(markers_written)s,
     markers_rearmed = %(markers_rearmed)s,
+    owners_already_queued = %(owners_already_queued)s,
     skipped_already_marked = %(skipped_already_marked)s,
     pruned = %(pruned)s,
     failed_owners = %(failed_owners)s,

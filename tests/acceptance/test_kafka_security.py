@@ -125,7 +125,7 @@ def test_a_bad_security_setting_names_its_variable(environ: dict[str, str], vari
     ["enable.idempotence", "acks", "request.required.acks", "message.timeout.ms",
      "delivery.timeout.ms", "transactional.id", "bootstrap.servers", "linger.ms", "client.id",
      "security.protocol", "sasl.password", "ssl.ca.location", "Acks", "error_cb",
-     "statistics.interval.ms", "stats_cb"],
+     "statistics.interval.ms", "stats_cb", "partitioner", "partitioner_cb"],
 )
 def test_extra_properties_may_not_touch_what_the_guarantees_rest_on(prop: str) -> None:
     settings = load_relay_settings({**BOOT, "KAFKA_PRODUCER_CONFIG": f'{{"{prop}": "1"}}'})

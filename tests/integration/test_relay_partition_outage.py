@@ -28,7 +28,7 @@ from tests.integration.test_relay_paths import (
     position_moves_held,
 )
 from tests.support.mock_controls import set_partition_leader
-from tests.support.partitioning import keys_on, partition_of
+from tests.support.partitioner import keys_on, partition_of
 from tests.support.relay_support import (
     BASE_TIME,
     TOPIC,

@@ -8,7 +8,6 @@ import json
 import logging
 import threading
 import uuid
-import zlib
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -30,6 +29,7 @@ from tests.conftest import test_database_url
 from tests.integration.test_relay_failures import fix_payload
 from tests.support.ledger import database_now
 from tests.support.mock_controls import PRODUCE_API, push_request_errors, set_partition_leader
+from tests.support.partitioner import keys_on, partition_of
 from tests.support.relay_support import (
     BASE_TIME,
     TOPIC,
@@ -391,16 +391,6 @@ def test_each_retention_statement_deletes_at_most_its_chunk_of_each_lane(
 
 
 # --- one broker of three down ---------------------------------------------------------------
-
-
-def partition_of(key: str, partitions: int) -> int:
-    """librdkafka's default partitioner for a keyed message (consistent_random: CRC-32)."""
-    return zlib.crc32(key.encode()) % partitions
-
-
-def keys_on(partition: int, partitions: int, count: int, prefix: str) -> list[str]:
-    found = (f"{prefix}-{n}" for n in range(10_000))
-    return [k for k in found if partition_of(k, partitions) == partition][:count]
 
 
 def test_one_broker_down_defers_the_row_of_its_partition_and_the_position_passes_it(

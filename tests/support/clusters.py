@@ -124,3 +124,15 @@ def new_database(cluster: Cluster, name: str, *, owners: int) -> str:
     manage(url, "apply_db_roles")
     manage(url, "seed_demo_documents", "--owners", str(owners))
     return url
+
+
+def start_manage(url: str, *args: str, log: Path,
+                 env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """`manage.py ARGS` as a process left running (a `--loop`), its stderr into `log`."""
+    full = {k: v for k, v in os.environ.items()
+            if not k.startswith(("REMINDER_", "OUTBOX_", "KAFKA_"))}
+    full.update(DATABASE_URL=url, DJANGO_SETTINGS_MODULE="pin_profile.settings_dev",
+                LOG_FORMAT="json", PYTHONUNBUFFERED="1", **(env or {}))
+    with log.open("w") as stderr:
+        return subprocess.Popen([*manage_py(), *args], env=full, text=True,
+                                stdout=subprocess.DEVNULL, stderr=stderr)

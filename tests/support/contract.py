@@ -1,6 +1,8 @@
 """The event contract, checked against the JSON Schema shipped in docs/contracts/."""
 
 import json
+import uuid
+from datetime import date
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,16 @@ def assert_event_valid(payload: dict[str, Any]) -> None:
     validator().validate(payload)
 
 
+def named_after(body: dict[str, Any]) -> uuid.UUID:
+    """The message id the contract derives from an event's owner and items."""
+    return events.message_id(uuid.UUID(body["ownerUserId"]), [
+        events.ReminderItem(uuid.UUID(d["documentId"]), d["thresholdDays"],
+                            date.fromisoformat(d["expiresAt"])) for d in body["documents"]])
+
+
 def assert_outbox_matches_contract() -> None:
-    """Every outbox row: a valid body, and the envelope of docs/design.md §2.4."""
+    """Every outbox row: a valid body, and the envelope of docs/design.md §2.4 (a cycle's row
+    named after its reminder, §2.6)."""
     with connection.cursor() as cursor:
         cursor.execute("reset role")
         cursor.execute(
@@ -39,6 +49,8 @@ def assert_outbox_matches_contract() -> None:
             " message_key, payload, headers from outbox_messages"
         )
         rows = cursor.fetchall()
+        cursor.execute("select run_id::text from document_expiry_reminder_runs")
+        runs = {r[0] for r in cursor.fetchall()}
     for (msg_id, agg_type, agg_id, event_type, version, topic, key, payload, headers) in rows:
         body = json.loads(payload) if isinstance(payload, str) else payload
         head = json.loads(headers) if isinstance(headers, str) else headers
@@ -51,3 +63,5 @@ def assert_outbox_matches_contract() -> None:
         assert head["event_type"] == events.EVENT_TYPE
         assert head["contract_version"] == str(events.CONTRACT_VERSION)
         assert head["correlation_id"]
+        if head["correlation_id"] in runs:  # a cycle wrote it: named after its reminder
+            assert msg_id == named_after(body)

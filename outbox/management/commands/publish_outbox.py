@@ -15,12 +15,13 @@ from core.config import ConfigError, parse_duration_or_zero, parse_positive_int
 from core.db import DatabaseErrors
 from core.failures import classify_on
 from core.garbage import relax_garbage_collection
-from core.health import Heartbeat, database_ready
+from core.health import Heartbeat, Verdict, database_ready
 from core.ops_server import Probes, operations_server
 from core.progress import ProgressBar
 from outbox import kafka, kafka_errors, metrics, store
 from outbox.config import RelaySettings, load_relay_settings, validate
 from outbox.relay import Relay, RelayStats
+from outbox.stood_by import stood_by_while_rows_waited
 
 # /healthz fails when the loop has not turned for this long (or 3 poll intervals, if longer).
 HEARTBEAT_MIN = timedelta(minutes=5)
@@ -38,10 +39,14 @@ class Command(ProjectCommand):
         "OUTBOX_POLL_INTERVAL. Exit codes: 0 done (or stopped by a signal), 1 not everything "
         "went out (the broker did not answer or was unavailable, messages failed or parked, "
         "rows held back past --held-bound by a transaction open on the database server, "
-        "database lost; nothing is lost, run again), or the broker refused the credentials or "
-        "TLS handshake, or the stream's position is ahead of its cluster's transaction ids "
-        "(also with --loop), 2 bad configuration or usage (also a connection pooler that pools "
-        "by transaction between the relay and PostgreSQL)."
+        "the pass stood by while messages waited past --stood-by-bound (the line names the "
+        "session holding the relays' lock), database lost; nothing is lost, run again), or the "
+        "database server is in recovery (a standby: --loop stands by until it is promoted), or "
+        "the broker refused the credentials or TLS handshake, or the stream's position is ahead "
+        "of its cluster's transaction ids, or a subscription still applies the outbox, or the "
+        "reader reached another server than the relay leads on (these also with --loop), "
+        "2 bad configuration or usage (also a connection pooler that pools by transaction "
+        "between the relay and PostgreSQL)."
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
@@ -53,6 +58,10 @@ class Command(ProjectCommand):
                             help="one pass: how long to wait for rows held back by a "
                             "transaction open on the database server before exiting 1 "
                             "(default 60s; 0 does not wait)")
+        parser.add_argument("--stood-by-bound", metavar="DURATION", default="5m",
+                            help="one pass: exit 1, naming the session that holds the relays' "
+                            "lock, when the pass stood by and the oldest waiting message is "
+                            "this old (default 5m)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = load_relay_settings(os.environ)
@@ -62,6 +71,7 @@ class Command(ProjectCommand):
                 batch_size=parse_positive_int("--batch-size", options["batch_size"]))
             validate(settings)
         held_bound = parse_duration_or_zero("--held-bound", options["held_bound"])
+        stood_by_bound = parse_duration_or_zero("--stood-by-bound", options["stood_by_bound"])
         relax_garbage_collection()  # a few short-lived objects a row (core.garbage)
         with stop_on_signals() as stop, refusals_as_exit_codes():
             if options["loop"]:
@@ -77,6 +87,10 @@ class Command(ProjectCommand):
                         progress(0, store.backlog(relay.using).unpublished)
                     stats = relay.run_pass(held_bound.total_seconds())
                 backlog = store.backlog(relay.using)
+                stood_by_too_long = stood_by_while_rows_waited(
+                    stood_by=stats.stood_by, oldest_waiting_s=backlog.oldest_age_s,
+                    bound_s=stood_by_bound.total_seconds())
+                holder = store.relay_lock_holder(relay.using) if stood_by_too_long else None
             except DatabaseErrors as exc:
                 failure = classify_on(exc, relay.using)
                 raise CommandError(f"relay pass failed: {failure.reason}",
@@ -101,6 +115,19 @@ class Command(ProjectCommand):
                 "(docs/runbooks/outbox-backlog.md, \"The stream is held back\"); run again",
                 returncode=EXIT_FAILED,
             )
+        if stood_by_too_long:
+            raise CommandError(
+                f"{backlog.unpublished} message(s) waiting, the oldest for "
+                f"{backlog.oldest_age_s or 0:.0f}s, while another session holds the relays' "
+                "lock and publishes none of them: "
+                + (f"it is {holder}; if that is no working relay (a pooled server connection "
+                   "keeps a lock taken through a pooler by transaction), end it with "
+                   f"pg_terminate_backend({holder.pid})" if holder is not None
+                   else "it released the lock since")
+                + " (docs/runbooks/outbox-backlog.md, \"Another session holds the relays' "
+                "lock\"); run again",
+                returncode=EXIT_FAILED,
+            )
         if not stats.broker_answered:
             raise CommandError(
                 "the broker did not answer within OUTBOX_DELIVERY_TIMEOUT "
@@ -112,9 +139,15 @@ class Command(ProjectCommand):
     def _loop(self, settings: RelaySettings, stop: threading.Event) -> None:
         """--loop, with METRICS_ADDR's /metrics, /healthz (the loop beats) and /readyz."""
         beat = Heartbeat(timeout=max(HEARTBEAT_MIN, 3 * settings.poll_interval))
-        with operations_server(os.environ, Probes(beat.liveness, database_ready),
+        relay = Relay(settings, stop=stop, heartbeat=beat)
+
+        def ready() -> Verdict:
+            database = database_ready()
+            return database if not database.ok else relay.readiness()
+
+        with operations_server(os.environ, Probes(beat.liveness, ready),
                                prepare=metrics.install_relay_metrics):
-            Relay(settings, stop=stop, heartbeat=beat).run_loop()
+            relay.run_loop()
 
     def _summarise(self, stats: RelayStats, backlog: store.Backlog) -> None:
         self.stdout.write("\n".join([
@@ -139,7 +172,8 @@ def refusals_as_exit_codes() -> Iterator[None]:
     """What makes the relay refuse to go on, as one line and an exit code (a pass and --loop)."""
     try:
         yield
-    except (kafka_errors.KafkaRefusedError, store.StreamAheadError) as exc:
+    except (kafka_errors.KafkaRefusedError, store.StreamAheadError, store.StreamSubscribedError,
+            store.ServerInRecoveryError, store.ReaderOnAnotherServerError) as exc:
         raise CommandError(str(exc), returncode=EXIT_FAILED) from None
     except store.SessionChangedError as exc:
         raise ConfigError("DATABASE_URL", str(exc)) from None

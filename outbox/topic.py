@@ -1,0 +1,233 @@
+"""The topics the relay publishes to (docs/outbox-relay.md, "A topic that keeps what it
+acknowledged"). Before its first batch to a topic, and again every LOOK_AGAIN_S while it leads,
+the relay reads the topic's metadata (partitions, replicas) and configuration (the admin API's
+DescribeConfigs), and:
+
+- refuses to publish to a topic that may lose a record it acknowledged (`durability_problem`:
+  `min.insync.replicas` below 2, or unclean leader election on): UndurableTopicError, exit 2,
+  unless OUTBOX_ALLOW_UNDURABLE_TOPIC allows it (a single-broker development setup);
+- where the configuration cannot be read (no DescribeConfigs right, a broker without the API),
+  says so once and exports it (durability "unverified"), and publishes;
+- records the partition count (outbox_topics) and says so loudly when it changed: a key's
+  partition is its hash modulo the count, so order per key does not hold across the change.
+"""
+
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, ConfigResource
+
+from core.config import ConfigError
+from outbox import kafka, metrics, store
+from outbox.config import ALLOW_UNDURABLE_VAR, RelaySettings
+from outbox.kafka_errors import describe
+from outbox.outage import Emit
+from outbox.redaction import redact
+
+MIN_INSYNC = "min.insync.replicas"
+UNCLEAN = "unclean.leader.election.enable"
+# Kafka's own defaults, for a broker that reports only what was set on the topic (Tansu).
+KAFKA_DEFAULTS = {MIN_INSYNC: "1", UNCLEAN: "false"}
+# The first look at a topic (a new admin connection: TLS, SASL); then, while its metadata could
+# not be read, each batch's look waits this much at most (none while the producer finds Kafka
+# failing).
+FIRST_LOOK_TIMEOUT_S = 10.0
+RETRY_LOOK_TIMEOUT_S = 1.0
+# While leading, the relay looks at its topics again this often (a partition added, a
+# configuration changed); librdkafka's own metadata refresh is every 5 minutes.
+LOOK_AGAIN_S = 30.0
+# The errors of a principal that may not describe the topic's configuration.
+NOT_ALLOWED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                         KafkaError.CLUSTER_AUTHORIZATION_FAILED})
+
+
+class UndurableTopicError(ConfigError):
+    """The topic may lose what it acknowledges: the relay refuses to publish to it (exit 2,
+    one line naming the topic's setting and the fix)."""
+
+    def __init__(self, topic: str, problem: str) -> None:
+        super().__init__(f"topic {topic}", problem)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """What a topic's durability depends on, as the broker reports it."""
+
+    topic: str
+    partitions: int
+    replicas: int  # distinct brokers holding the least replicated partition
+    min_insync_replicas: int
+    unclean_leader_election: bool
+
+
+def topic_config(topic: str, partitions: int, replicas: int,
+                 entries: Mapping[str, str | None]) -> TopicConfig:
+    """A topic's configuration from DescribeConfigs' entries; a setting not reported is
+    Kafka's default (KAFKA_DEFAULTS)."""
+
+    def value(name: str) -> str:
+        reported = entries.get(name)
+        return (reported if reported is not None else KAFKA_DEFAULTS[name]).strip().lower()
+
+    return TopicConfig(topic, partitions, replicas, int(value(MIN_INSYNC)),
+                       value(UNCLEAN) == "true")
+
+
+def durability_problem(config: TopicConfig) -> str | None:
+    """Why the topic may lose a record the relay saw acknowledged (acks=all), with the fix, in
+    one line; None if it keeps them. acks=all waits for the in-sync replicas, which may shrink
+    to `min.insync.replicas`: below 2, one broker's copy is an acknowledgement, and that
+    broker's loss loses it; an unclean leader election truncates what the new leader missed.
+    The replication factor alone decides nothing: with min.insync.replicas 2 and one replica,
+    the broker refuses every write (nothing is acknowledged, nothing lost)."""
+    alter = (f"kafka-configs.sh --alter --entity-type topics --entity-name {config.topic} "
+             f"--add-config")
+    dev = f"; on a single-broker development setup only, {ALLOW_UNDURABLE_VAR}=on publishes anyway"
+    if config.unclean_leader_election:
+        return (f"{UNCLEAN}=true: a replica that missed acknowledged records may become leader "
+                f"and drop them; set it to false ({alter} {UNCLEAN}=false){dev}")
+    if config.min_insync_replicas < 2:
+        return (f"{MIN_INSYNC}={config.min_insync_replicas} (replicas: {config.replicas}): "
+                f"one broker's copy counts as acknowledged, and that broker's loss loses it; "
+                f"replicate the topic 3 times and set {MIN_INSYNC}=2 "
+                f"({alter} {MIN_INSYNC}=2){dev}")
+    return None
+
+
+def replicas_of(partitions: Mapping[int, Any]) -> int:
+    """Distinct brokers of the least replicated partition (a broker named twice is one copy)."""
+    return min((len(set(p.replicas)) for p in partitions.values()), default=0)
+
+
+class TopicWatch:
+    """The relay's look at the topics it publishes to: `admit` before each batch (a topic's
+    first batch waits for its look), `look_again_if_due` between batches while leading."""
+
+    def __init__(self, settings: RelaySettings, using: str, *, client_id: str, emit: Emit,
+                 admin: Callable[[], Any] | None = None, look_again_s: float = LOOK_AGAIN_S,
+                 kafka_failing: Callable[[], bool] = lambda: False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.settings = settings
+        self.using = using
+        self.look_again_s = look_again_s
+        self._emit = emit
+        self._new_admin = admin or (lambda: AdminClient(kafka.admin_config(settings, client_id)))
+        self._admin: Any = None
+        self._clock = clock
+        self._kafka_failing = kafka_failing  # the producer's outage: no look then
+        self._admitted: set[str] = set()  # looked at: checked, or its configuration unreadable
+        self._partitions: dict[str, int] = {}  # as last recorded
+        self._durability: dict[str, str] = {}  # the state said for each topic
+        self._tried: set[str] = set()  # topics whose metadata a look already waited for
+        self._next_look = 0.0
+
+    def admit(self, messages: Sequence[Any]) -> None:
+        """Before a batch goes to the producer: look at each of its topics not looked at yet;
+        raises UndurableTopicError for one that may lose what it acknowledges. A topic whose
+        metadata cannot be read now (unreachable, not created yet) is looked at again at the
+        next batch: its deliveries fail meanwhile, so nothing of it is acknowledged unchecked."""
+        topics = {m.topic for m in messages}
+        if topics <= self._admitted:
+            return
+        for topic in sorted(topics - self._admitted):
+            if self._kafka_failing():
+                continue  # the batch's deliveries fail too: a look would only slow the outage
+            timeout = RETRY_LOOK_TIMEOUT_S if topic in self._tried else FIRST_LOOK_TIMEOUT_S
+            self._tried.add(topic)
+            if self._look(topic, timeout):
+                self._admitted.add(topic)
+        if self._next_look == 0.0:
+            self._next_look = self._clock() + self.look_again_s
+
+    def look_again_if_due(self) -> None:
+        """Every `look_again_s`: the topics' metadata and configuration again (a partition count
+        that changed is said and recorded; a configuration that no longer keeps what it
+        acknowledges raises UndurableTopicError)."""
+        if not self._admitted or self._clock() < self._next_look:
+            return
+        self._next_look = self._clock() + self.look_again_s
+        for topic in sorted(self._admitted):
+            self._look(topic, RETRY_LOOK_TIMEOUT_S)
+
+    def _look(self, topic: str, timeout: float) -> bool:
+        """Read, record and check `topic`; False if its metadata could not be read."""
+        try:
+            cluster = self._client().list_topics(topic, timeout=timeout)
+        except KafkaException:
+            return False  # Kafka unreachable: the outage log says it
+        found = cluster.topics.get(topic)
+        if found is None or found.error is not None or not found.partitions:
+            return False  # not created yet, or being created
+        partitions = len(found.partitions)
+        self._record_partitions(topic, partitions)
+        if cluster.controller_id not in cluster.brokers:
+            # DescribeConfigs goes to the controller; librdkafka's mock cluster names none.
+            self._say_durability(topic, "unverified", {"reason": "the cluster names no controller"})
+            return True
+        try:
+            entries = self._describe(topic, timeout)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            reason = ("not allowed to describe the topic's configuration (DescribeConfigs)"
+                      if error is not None and error.code() in NOT_ALLOWED
+                      else redact(describe(error) if error else str(exc), self.settings))
+            self._say_durability(topic, "unverified", {"reason": reason})
+            return True
+        config = topic_config(topic, partitions, replicas_of(found.partitions), entries)
+        problem = durability_problem(config)
+        fields = {"replicas": config.replicas, "min_insync_replicas": config.min_insync_replicas,
+                  "unclean_leader_election": config.unclean_leader_election}
+        if problem is None:
+            self._say_durability(topic, "verified", fields)
+        elif self.settings.allow_undurable_topic:
+            self._say_durability(topic, "allowed", {**fields, "problem": problem})
+        else:
+            raise UndurableTopicError(topic, problem)
+        return True
+
+    def _client(self) -> Any:
+        if self._admin is None:
+            self._admin = self._new_admin()
+        return self._admin
+
+    def _describe(self, topic: str, timeout: float) -> dict[str, str | None]:
+        resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        future = self._client().describe_configs([resource], request_timeout=timeout)[resource]
+        return {name: entry.value for name, entry in future.result().items()}
+
+    def _record_partitions(self, topic: str, partitions: int) -> None:
+        """Record the count (outbox_topics); a change from the one recorded, by this relay or
+        another before it, is an ERROR line and a metric (and the alert
+        OutboxTopicPartitionsChanged)."""
+        if self._partitions.get(topic) == partitions:
+            return
+        recorded = store.record_topic_partitions(self.using, topic, partitions)
+        self._partitions[topic] = partitions
+        metrics.set_topic_partitions(topic, partitions, recorded.changed_at_s)
+        if recorded.previous is not None:
+            self._emit(logging.ERROR, "topic partition count changed", {
+                "topic": topic, "partitions": partitions, "previous": recorded.previous,
+                "consequence": "order per key does not hold across the change: a key's "
+                               "records before it and after it may be on two partitions"})
+
+    _LINES = {"verified": (logging.INFO, "topic keeps what it acknowledges"),
+              "unverified": (logging.WARNING, "topic durability unverified"),
+              "allowed": (logging.WARNING,
+                          "topic may lose acknowledged records, allowed by "
+                          "OUTBOX_ALLOW_UNDURABLE_TOPIC")}
+
+    def _say_durability(self, topic: str, state: str, fields: dict[str, Any]) -> None:
+        """The state's metric, and its line once (again only if the state changes)."""
+        metrics.set_topic_durability(topic, state)
+        if self._durability.get(topic) == state:
+            return
+        self._durability[topic] = state
+        level, event = self._LINES[state]
+        self._emit(level, event, {"topic": topic, **fields})
+
+    def close(self) -> None:
+        self._admin = None  # confluent-kafka's AdminClient ends with its last reference
