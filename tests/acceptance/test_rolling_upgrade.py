@@ -176,6 +176,14 @@ def test_rolling_upgrade_from_the_previous_release_loses_nothing_and_blocks_no_w
     assert max(repeated.values(), default=1) <= 2 and len(repeated) <= RELAY_BATCH, repeated
     for message_id in repeated:
         assert len({r.value for r in records if r.message_id == message_id}) == 1
+    # Order per key: a key's records on one partition, whichever relay sent them (a key moved
+    # to another partition mid-stream may reach a consumer ahead of its earlier events).
+    partitions: dict[str, set[int]] = defaultdict(set)
+    for record in records:
+        partitions[record.key].add(record.partition)
+    moved = {key: sorted(p) for key, p in partitions.items() if len(p) > 1}
+    assert moved == {}, (f"{len(moved)} of {len(partitions)} keys on more than one partition"
+                         f" (did the partitioner change?): {list(moved.items())[:5]}")
     # The audit (ledger, outbox, relay, topic) finds nothing and checked everything.
     assert audit.returncode == 0, f"{audit.stdout[-3000:]}\n{audit.stderr[-3000:]}"
     assert json.loads(audit.stdout)["verdict"] == "audit clean: no findings", audit.stdout
