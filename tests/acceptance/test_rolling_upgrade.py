@@ -25,9 +25,9 @@ from tests.support.upgrade import (
     LockSampler,
     Side,
     connect,
+    database_days,
     log_lines,
     own_database,
-    utc_midnight,
 )
 
 pytestmark = pytest.mark.slow
@@ -82,13 +82,15 @@ def test_rolling_upgrade_from_the_previous_release_loses_nothing_and_blocks_no_w
     kafka = {"KAFKA_BOOTSTRAP_SERVERS": tansu.bootstrap_servers,
              "OUTBOX_ALLOW_UNDURABLE_TOPIC": "true"}
     relay_env = {**kafka, **RELAY_SETTINGS}
-    days = [utc_midnight(days_ago) for days_ago in range(6, 0, -1)]  # 6 days ago .. yesterday
 
     with own_database() as database:
         old, new = Side(database, old_install), Side(database, None)
         ok(old.run("migrate", "--no-input"), "the old release's migrate")
         ok(old.run("create_dev_person_documents"), "the old release's person_documents")
         ok(old.run("apply_db_roles"), "the old release's apply_db_roles")
+        # One-shot cycles from 7 to 2 days ago: the new loop's first tick (today's or
+        # yesterday's 03:00 UTC, whatever the hour) is always a later day.
+        days = database_days(database, range(7, 1, -1))
 
         def cycle(side: Side, day: int, name: str) -> subprocess.Popen[str]:
             return side.start(tmp_path / f"{name}-cycle-{day}.log", "run_expiry_reminders",
@@ -157,9 +159,22 @@ def test_rolling_upgrade_from_the_previous_release_loses_nothing_and_blocks_no_w
         records = read_topic(tansu.bootstrap_servers)
     seconds = time.monotonic() - started
 
+    copies = Counter(r.message_id for r in records)
+    repeated = {m: n for m, n in copies.items() if n > 1}
+    summary = (f"rolling upgrade {release.version} ({release.resolved_by}) -> this checkout"
+               f" ({'its own venv' if old_install.own_venv else 'same requirements: this venv'}):"
+               f" {documents} documents written, {len(outbox)} events, {len(markers)} reminders,"
+               f" {len(records)} records ({len(repeated)} repeated); migrate {migrate_seconds:.1f} s;"
+               f" lock waits (count, longest s) by role {waits.by_role()} in {waits.samples}"
+               f" samples; {seconds:.1f} s in all\n")
+    REPORT.parent.mkdir(exist_ok=True)
+    REPORT.write_text(summary)
+    sys.stderr.write(summary)  # the numbers, also when an assertion below fails
+
+    # No writer waited for a lock as long as the migration's lock timeout.
+    assert waits.longest(WRITERS) < MIGRATION_LOCK_TIMEOUT_MS / 1000, waits.by_role()
     # Nothing lost: every event the workers wrote is on the topic, and every reminder the
     # ledger holds as sent is in an event on the topic.
-    copies = Counter(r.message_id for r in records)
     assert set(copies) == outbox, (outbox - set(copies), set(copies) - outbox)
     on_topic: dict[tuple[str, int], set[str]] = defaultdict(set)
     for record in records:
@@ -172,7 +187,6 @@ def test_rolling_upgrade_from_the_previous_release_loses_nothing_and_blocks_no_w
     # hand-over (old relay stopped, new one leading). Two relays leading at once would repeat
     # far more.
     assert {k: ids for k, ids in on_topic.items() if len(ids) > 1} == {}
-    repeated = {m: n for m, n in copies.items() if n > 1}
     assert max(repeated.values(), default=1) <= 2 and len(repeated) <= RELAY_BATCH, repeated
     for message_id in repeated:
         assert len({r.value for r in records if r.message_id == message_id}) == 1
@@ -187,15 +201,4 @@ def test_rolling_upgrade_from_the_previous_release_loses_nothing_and_blocks_no_w
     # The audit (ledger, outbox, relay, topic) finds nothing and checked everything.
     assert audit.returncode == 0, f"{audit.stdout[-3000:]}\n{audit.stderr[-3000:]}"
     assert json.loads(audit.stdout)["verdict"] == "audit clean: no findings", audit.stdout
-    # No writer waited for a lock as long as the migration's lock timeout.
-    assert waits.longest(WRITERS) < MIGRATION_LOCK_TIMEOUT_MS / 1000, waits.by_role()
 
-    summary = (f"rolling upgrade {release.version} ({release.resolved_by}) -> this checkout"
-               f" ({'its own venv' if old_install.own_venv else 'same requirements: this venv'}):"
-               f" {documents} documents written, {len(outbox)} events, {len(markers)} reminders,"
-               f" {len(records)} records ({len(repeated)} repeated); migrate {migrate_seconds:.1f} s;"
-               f" lock waits (count, longest s) by role {waits.by_role()} in {waits.samples}"
-               f" samples; {seconds:.1f} s in all\n")
-    REPORT.parent.mkdir(exist_ok=True)
-    REPORT.write_text(summary)
-    sys.stderr.write(summary)

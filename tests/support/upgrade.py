@@ -183,6 +183,10 @@ class LockSampler(threading.Thread):
         return self.found
 
 
-def utc_midnight(days_ago: int) -> datetime:
-    today = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
-    return today - timedelta(days=days_ago)
+def database_days(database: str, days_ago: range) -> list[datetime]:
+    """UTC midnights `days_ago` before today on the database's clock (the run history's)."""
+    with connect(database) as conn:
+        row = conn.execute("select date_trunc('day', now() at time zone 'UTC')").fetchone()
+    assert row is not None
+    today = row[0].replace(tzinfo=UTC)
+    return [today - timedelta(days=n) for n in days_ago]
