@@ -28,6 +28,7 @@ from tests.support.upgrade import (
     database_days,
     log_lines,
     own_database,
+    unpublished,
 )
 
 pytestmark = pytest.mark.slow
@@ -110,13 +111,17 @@ def test_rolling_upgrade_from_the_previous_release_loses_nothing_and_blocks_no_w
 
             # The new release's migrate while an old cycle and the old relay work.
             during = cycle(old, 2, "old")
-            migrate_started = time.monotonic()
+            migrate_started, written_before = time.monotonic(), writer.written
             ok(new.run("migrate", "--no-input",
                        extra={"DB_LOCK_TIMEOUT_MS": str(MIGRATION_LOCK_TIMEOUT_MS)}),
                "the new release's migrate")
             migrate_seconds = time.monotonic() - migrate_started
+            written_during_migrate = writer.written - written_before
             ok(new.run("apply_db_roles"), "the new release's apply_db_roles")
             finished(during, "the old cycle during migrate")
+            # The old relay alone publishes on the new schema what the old worker wrote on it.
+            wait_for(lambda: unpublished(database) == 0, timeout=60,
+                     what="the old relay to publish on the new schema", interval=0.2)
 
             # Side by side: both relays (one leads), an old and a new cycle at once.
             new_relay = new.start(tmp_path / "new-relay.log", "publish_outbox", "--loop",
@@ -136,13 +141,9 @@ def test_rolling_upgrade_from_the_previous_release_loses_nothing_and_blocks_no_w
                      timeout=120, what="the new loop's first cycle")
             stop(loop, "the new worker's loop")
 
+            wait_for(lambda: unpublished(database) == 0, timeout=60, what="every event published",
+                     interval=0.2)
             with connect(database) as conn:
-                def unpublished() -> int:
-                    row = conn.execute("select count(*) from outbox_messages m"
-                                       " where outbox_published_at(m) is null").fetchone()
-                    return int(row[0]) if row else -1
-
-                wait_for(lambda: unpublished() == 0, timeout=60, what="every event published")
                 outbox = {str(i) for (i,) in conn.execute("select id from outbox_messages")}
                 markers = set(conn.execute(
                     "select document_id::text, threshold_days from document_expiry_reminders"
@@ -163,7 +164,8 @@ def test_rolling_upgrade_from_the_previous_release_loses_nothing_and_blocks_no_w
     repeated = {m: n for m, n in copies.items() if n > 1}
     summary = (f"rolling upgrade {release.version} ({release.resolved_by}) -> this checkout"
                f" ({'its own venv' if old_install.own_venv else 'same requirements: this venv'}):"
-               f" {documents} documents written, {len(outbox)} events, {len(markers)} reminders,"
+               f" {documents} documents written ({written_during_migrate} during migrate),"
+               f" {len(outbox)} events, {len(markers)} reminders,"
                f" {len(records)} records ({len(repeated)} repeated); migrate {migrate_seconds:.1f} s;"
                f" lock waits (count, longest s) by role {waits.by_role()} in {waits.samples}"
                f" samples; {seconds:.1f} s in all\n")
@@ -171,6 +173,7 @@ def test_rolling_upgrade_from_the_previous_release_loses_nothing_and_blocks_no_w
     REPORT.write_text(summary)
     sys.stderr.write(summary)  # the numbers, also when an assertion below fails
 
+    assert written_during_migrate > 0, "no document was written while the new migrate ran"
     # No writer waited for a lock as long as the migration's lock timeout.
     assert waits.longest(WRITERS) < MIGRATION_LOCK_TIMEOUT_MS / 1000, waits.by_role()
     # Nothing lost: every event the workers wrote is on the topic, and every reminder the

@@ -98,15 +98,24 @@ DOCUMENT = ("insert into person_documents (id, owner_user_id, person_id, type, n
             " values (%s, %s, %s, 'Passport', %s, %s, 'Active', 'cipher', now(), now())")
 
 
+def unpublished(database: str) -> int:
+    """Outbox rows the relay has not yet published."""
+    with connect(database) as conn:
+        row = conn.execute("select count(*) from outbox_messages m"
+                           " where outbox_published_at(m) is null").fetchone()
+    return int(row[0]) if row else -1
+
+
 class DocumentWriter(threading.Thread):
     """Adds `per_batch` documents of new owners every `every` seconds, as the profile service
-    would, expiring from `first_expiry` on over 40 days, until stopped."""
+    would, expiring from `first_expiry` on over 40 days, until stopped or `most` are written
+    (a slow machine gets no more work than a fast one)."""
 
     def __init__(self, database: str, first_expiry: datetime, *, per_batch: int = 5,
-                 every: float = 0.05) -> None:
+                 every: float = 0.1, most: int = 2000) -> None:
         super().__init__(daemon=True)
         self.database, self.first_expiry = database, first_expiry
-        self.per_batch, self.every = per_batch, every
+        self.per_batch, self.every, self.most = per_batch, every, most
         self.written = 0
         self.error: BaseException | None = None
         self._stop_event = threading.Event()
@@ -114,7 +123,8 @@ class DocumentWriter(threading.Thread):
     def run(self) -> None:
         try:
             with connect(self.database) as conn:
-                while not self._stop_event.wait(self.every):  # pacing the load, not a wait
+                while (not self._stop_event.wait(self.every)  # pacing the load, not a wait
+                       and self.written < self.most):
                     rows = [(uuid.uuid4(), uuid.uuid4(), uuid.uuid4(), f"45 ** ****{n:02d}",
                              self.first_expiry + timedelta(days=(self.written + n) % 40))
                             for n in range(self.per_batch)]
