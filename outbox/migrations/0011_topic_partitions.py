@@ -13,6 +13,8 @@ adds to a text key is not wanted), under a lock timeout like every migration her
 import django.db.models.functions.datetime
 from django.db import migrations, models
 
+from core.migration_ops import LockTimeoutMigration
+
 FORWARD_SQL = """
 set local lock_timeout = '5s';
 create table outbox_topics (
@@ -30,7 +32,7 @@ drop table outbox_topics;
 """
 
 
-class Migration(migrations.Migration):
+class Migration(LockTimeoutMigration):
 
     dependencies = [
         ("outbox", "0010_outbox_headers_aggregate"),

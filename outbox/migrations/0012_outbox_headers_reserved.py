@@ -6,6 +6,8 @@ of `extra` first, in both forms (the five-argument one of the previous release t
 
 from django.db import migrations
 
+from core.migration_ops import LockTimeoutMigration
+
 FORWARD_SQL = """
 set local lock_timeout = '5s';
 
@@ -74,7 +76,7 @@ $$;
 """
 
 
-class Migration(migrations.Migration):
+class Migration(LockTimeoutMigration):
 
     dependencies = [
         ("outbox", "0011_topic_partitions"),

@@ -17,6 +17,8 @@
 
 from django.db import migrations
 
+from core.migration_ops import LockTimeoutMigration
+
 FORWARD_SQL = """
 set local lock_timeout = '5s';
 
@@ -207,7 +209,7 @@ $$;
 """
 
 
-class Migration(migrations.Migration):
+class Migration(LockTimeoutMigration):
 
     dependencies = [
         ("outbox", "0012_outbox_headers_reserved"),

@@ -4,13 +4,15 @@ event was not. A column with a constant default is added without rewriting the t
 
 from django.db import migrations, models
 
+from core.migration_ops import LockTimeoutMigration
+
 # The column's ACCESS EXCLUSIVE lock waits at most this long behind a running cycle's
 # transaction (and holds back the queries queued behind it no longer): the migration fails
 # instead, and is run again.
 LOCK_TIMEOUT = "set local lock_timeout = '5s'"
 
 
-class Migration(migrations.Migration):
+class Migration(LockTimeoutMigration):
 
     dependencies = [
         ('reminders', '0006_run_trigger_and_tick'),

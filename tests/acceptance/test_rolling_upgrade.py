@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from core.config import parse_duration
+from core.migration_ops import LOCK_TIMEOUT
 from core.roles import AUDITOR_ROLE, RELAY_ROLE, WORKER_ROLE
 from devtools.topic import read_topic
 from tests.support.relay_support import wait_for
@@ -33,9 +35,8 @@ from tests.support.upgrade import (
 
 pytestmark = pytest.mark.slow
 
-# The lock_timeout the new release's migrate runs with (DB_LOCK_TIMEOUT_MS): a writer queued
-# behind a migration's lock request waits at most this long (issue 32).
-MIGRATION_LOCK_TIMEOUT_MS = 5000
+# A writer queued behind a migration's lock request waits at most this long (issue 32).
+MIGRATION_LOCK_TIMEOUT_S = parse_duration("LOCK_TIMEOUT", LOCK_TIMEOUT).total_seconds()
 RELAY_BATCH = 50
 RELAY_SETTINGS = {"OUTBOX_BATCH_SIZE": str(RELAY_BATCH), "OUTBOX_DELIVERY_TIMEOUT": "2s",
                   "OUTBOX_POLL_INTERVAL": "200ms", "OUTBOX_BACKOFF_INITIAL": "100ms",
@@ -112,9 +113,7 @@ def test_rolling_upgrade_from_the_previous_release_loses_nothing_and_blocks_no_w
             # The new release's migrate while an old cycle and the old relay work.
             during = cycle(old, 2, "old")
             migrate_started, written_before = time.monotonic(), writer.written
-            ok(new.run("migrate", "--no-input",
-                       extra={"DB_LOCK_TIMEOUT_MS": str(MIGRATION_LOCK_TIMEOUT_MS)}),
-               "the new release's migrate")
+            ok(new.run("migrate", "--no-input"), "the new release's migrate")
             migrate_seconds = time.monotonic() - migrate_started
             written_during_migrate = writer.written - written_before
             ok(new.run("apply_db_roles"), "the new release's apply_db_roles")
@@ -175,7 +174,7 @@ def test_rolling_upgrade_from_the_previous_release_loses_nothing_and_blocks_no_w
 
     assert written_during_migrate > 0, "no document was written while the new migrate ran"
     # No writer waited for a lock as long as the migration's lock timeout.
-    assert waits.longest(WRITERS) < MIGRATION_LOCK_TIMEOUT_MS / 1000, waits.by_role()
+    assert waits.longest(WRITERS) < MIGRATION_LOCK_TIMEOUT_S, waits.by_role()
     # Nothing lost: every event the workers wrote is on the topic, and every reminder the
     # ledger holds as sent is in an event on the topic.
     assert set(copies) == outbox, (outbox - set(copies), set(copies) - outbox)
