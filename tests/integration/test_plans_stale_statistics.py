@@ -18,7 +18,7 @@ from django.db import connection
 from core.db import raw_connection
 from devtools.demo_data import COPY_COLUMNS
 from outbox import store as outbox_store
-from reminders import store
+from reminders import events, store
 from reminders.rules import scan_window
 
 TODAY = date(2026, 11, 29)
@@ -114,9 +114,10 @@ def lying_statistics(request: pytest.FixtureRequest, django_db_setup: None,
 def _params(batch: dict[str, Any]) -> dict[str, Any]:
     return {
         "window_start": WINDOW.start, "window_end": WINDOW.end, "thresholds": THRESHOLDS,
-        "as_of_date": TODAY, "run_id": uuid.uuid4(), "reminded_at": "2026-11-29T03:00:00Z",
-        "aggregate_type": "Profile", "event_type": "E", "contract_version": 1, "topic": "t",
-        "extra_headers": None, "unknown_type": "Unknown", "cutoff": TODAY - timedelta(days=90),
+        "as_of_date": TODAY, "run_id": uuid.uuid4(),
+        # the claim's envelope as the cycle passes it (reminders.events), message-id namespace too
+        **events.envelope_params(datetime(2026, 11, 29, 3, 0, tzinfo=UTC)),
+        "extra_headers": None, "cutoff": TODAY - timedelta(days=90),
         "chunk": 5_000, "batch_size": 500, "after_txid": "1", "after_seq": 0, **batch,
     }
 
