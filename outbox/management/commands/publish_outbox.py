@@ -19,7 +19,7 @@ from core.health import Heartbeat, Verdict, database_ready
 from core.ops_server import Probes, operations_server
 from core.progress import ProgressBar
 from outbox import kafka, kafka_errors, metrics, store
-from outbox.config import RelaySettings, load_relay_settings, validate
+from outbox.config import RelaySettings, load_relay_settings
 from outbox.pass_failure import failure_line
 from outbox.relay import Relay, RelayStats
 from outbox.stood_by import stood_by_while_rows_waited
@@ -66,11 +66,10 @@ class Command(ProjectCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = load_relay_settings(os.environ)
-        kafka.check_producer_config(settings)  # librdkafka's own check, offline: exit 2 too
-        if options["batch_size"] is not None:
+        if options["batch_size"] is not None:  # before the check: the producer's queue follows it
             settings = settings.with_overrides(
                 batch_size=parse_positive_int("--batch-size", options["batch_size"]))
-            validate(settings)
+        kafka.check_producer_config(settings)  # librdkafka's own check, offline: exit 2 too
         held_bound = parse_duration_or_zero("--held-bound", options["held_bound"])
         stood_by_bound = parse_duration_or_zero("--stood-by-bound", options["stood_by_bound"])
         relax_garbage_collection()  # a few short-lived objects a row (core.garbage)
