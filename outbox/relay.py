@@ -23,7 +23,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Producer
 from django.db import connections
 
 from core.db import DatabaseErrors, delete_in_chunks
@@ -99,10 +98,6 @@ class Relay:
 
     def _say(self, level: int, event: str, fields: dict[str, Any]) -> None:
         log_event(logger, level, event, relay_id=self.relay_id, **fields)
-
-    @property
-    def producer(self) -> Producer:
-        return self.kafka.producer
 
     def connect(self) -> None:
         """Start the producer now (it connects at once), so a refusal shows before any event."""
