@@ -86,11 +86,14 @@ class Relay:
         self.tally = Tally(settings, self.stats, self.kafka.outage, emit=self._say,
                            stop=self.stop, rng=self.rng, refused=lambda: self.kafka.refused,
                            reached_kafka=self.kafka.reached_kafka, on_batch=on_batch)
-        self.stream = StreamLane(using, producer=self.kafka, reader=self._reader,
+        self.stream = StreamLane(using, max_attempts=settings.max_attempts,
+                                 producer=self.kafka, reader=self._reader,
                                  leadership=self.leadership, tally=self.tally,
                                  held=HeldWatch(self._say, warn_after_s=STREAM_HELD_WARN_S),
                                  stop=self.stop, emit=self._say)
-        self.slow = SlowLane(using, producer=self.kafka, tally=self.tally)
+        self.slow = SlowLane(using, batch_size=settings.batch_size,
+                             max_attempts=settings.max_attempts, producer=self.kafka,
+                             tally=self.tally)
         # Each topic's first batch waits for a look at its durability and partitions.
         self.topics = TopicWatch(settings, using, client_id=self.relay_id, emit=self._say,
                                  kafka_failing=lambda: self.kafka.outage.failing)

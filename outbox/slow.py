@@ -12,10 +12,11 @@ from outbox.tally import BatchOutcome, Tally
 class SlowLane:
     """The slow lane of one relay, run by its leader."""
 
-    def __init__(self, using: str, *, producer: RelayProducer, tally: Tally) -> None:
+    def __init__(self, using: str, *, batch_size: int, max_attempts: int,
+                 producer: RelayProducer, tally: Tally) -> None:
         self.using = using
-        self.batch_size = tally.settings.batch_size
-        self.max_attempts = tally.settings.max_attempts
+        self.batch_size = batch_size
+        self.max_attempts = max_attempts
         self._producer = producer
         self._tally = tally
 

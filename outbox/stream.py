@@ -75,12 +75,12 @@ class StreamRun:
 class StreamLane:
     """The stream of one relay, run by its leader."""
 
-    def __init__(self, using: str, *, producer: RelayProducer, reader: StreamReader,
-                 leadership: Leadership, tally: Tally, held: HeldWatch,
+    def __init__(self, using: str, *, max_attempts: int, producer: RelayProducer,
+                 reader: StreamReader, leadership: Leadership, tally: Tally, held: HeldWatch,
                  stop: threading.Event, emit: Emit) -> None:
         self.using = using
         self._emit = emit
-        self.max_attempts = tally.settings.max_attempts
+        self.max_attempts = max_attempts
         self._producer = producer
         self._reader = reader
         self._leadership = leadership
