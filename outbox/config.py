@@ -10,7 +10,6 @@ from datetime import timedelta
 from typing import Any
 
 from core.config import (
-    MAX_COUNT,
     ConfigError,
     Environment,
     Parser,
@@ -223,8 +222,8 @@ def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True) 
 
 
 def validate(settings: RelaySettings) -> None:
-    """Cross-field rules: backoff must be a range, the statistics interval and the batch
-    bounded."""
+    """Cross-field rules: backoff must be a range, the statistics interval bounded (the batch
+    size is bounded by its parser, parse_positive_int)."""
     if settings.backoff_max < settings.backoff_initial:
         raise ConfigError(
             "OUTBOX_BACKOFF_MAX",
@@ -234,5 +233,3 @@ def validate(settings: RelaySettings) -> None:
     if settings.statistics_interval > MAX_STATISTICS_INTERVAL:
         raise ConfigError("OUTBOX_STATISTICS_INTERVAL",
                           f"must be at most 24h, got {settings.statistics_interval}")
-    if settings.batch_size > MAX_COUNT:
-        raise ConfigError("OUTBOX_BATCH_SIZE", f"must be <= {MAX_COUNT}, got {settings.batch_size}")

@@ -129,6 +129,21 @@ class RelayProducer:
         metrics.set_connected(True)
         self.outage.restored()
 
+    def batch_recorded(self, *, published: int, released: int,
+                       first_unavailable: KafkaError | None) -> None:
+        """What a recorded batch says of Kafka: a delivery, that it answers; rows released, that
+        it did not (the outage log), or that the shutdown grace ran out at stop; nothing more
+        once the broker refused the relay (its line says it all)."""
+        if published:
+            self.reached_kafka()
+        if released and self._refused is None:
+            error_text = describe(first_unavailable) if first_unavailable else "no report"
+            if self._stop.is_set():  # the shutdown grace ran out, not necessarily the broker
+                self._emit(logging.WARNING, "messages released at stop",
+                           {"released": released, "error": error_text})
+            else:
+                self.outage.failed(error_text, released=released)
+
     def _poll(self, producer: Producer, timeout: float) -> bool:
         """Serve callbacks; False if the producer failed fatally (poll raises that, for instance
         an idempotent producer whose broker forgot it: UNKNOWN_PRODUCER_ID after a restart)."""

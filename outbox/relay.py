@@ -9,6 +9,7 @@ parts, one concept each:
 - outbox.stream: the stream lane (the batch cut, the pipeline, the position moved per batch);
 - outbox.slow: the slow lane, for rows that left the stream;
 - outbox.reports: one classifier of delivery reports, for both lanes;
+- outbox.retries: when a row that did not go out is tried again (its backoff, its partition's);
 - outbox.tally: what each batch did, said and counted;
 - outbox.held: the watch on a stream held back by a transaction open on the server.
 
@@ -23,7 +24,6 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Producer
 from django.db import connections
 
 from core.db import DatabaseErrors, delete_in_chunks
@@ -37,6 +37,7 @@ from outbox.held import HeldWatch
 from outbox.leadership import Leadership
 from outbox.producer import RelayProducer
 from outbox.reader import StreamReader
+from outbox.retries import Retries
 from outbox.slow import SlowLane
 from outbox.stream import StreamLane
 from outbox.tally import BatchOutcome, RelayStats, Tally
@@ -84,14 +85,20 @@ class Relay:
         self.kafka = RelayProducer(settings, self.relay_id, emit=self._say, stop=self.stop)
         self.leadership = Leadership(using, emit=self._say)
         self._reader = StreamReader(using, settings.batch_size, leader=self.leadership)
-        self.tally = Tally(settings, self.stats, self.kafka.outage, emit=self._say,
-                           stop=self.stop, rng=self.rng, refused=lambda: self.kafka.refused,
-                           reached_kafka=self.kafka.reached_kafka, on_batch=on_batch)
-        self.stream = StreamLane(using, producer=self.kafka, reader=self._reader,
-                                 leadership=self.leadership, tally=self.tally,
+        self.retries = Retries(backoff_initial=settings.backoff_initial,
+                               backoff_max=settings.backoff_max,
+                               outage_log_interval=settings.outage_log_interval,
+                               emit=self._say, rng=self.rng)
+        self.tally = Tally(self.stats, emit=self._say, on_batch=on_batch)
+        self.stream = StreamLane(using, max_attempts=settings.max_attempts,
+                                 producer=self.kafka, reader=self._reader,
+                                 leadership=self.leadership, retries=self.retries,
+                                 tally=self.tally,
                                  held=HeldWatch(self._say, warn_after_s=STREAM_HELD_WARN_S),
                                  stop=self.stop, emit=self._say)
-        self.slow = SlowLane(using, producer=self.kafka, tally=self.tally)
+        self.slow = SlowLane(using, batch_size=settings.batch_size,
+                             max_attempts=settings.max_attempts, producer=self.kafka,
+                             retries=self.retries, tally=self.tally)
         # Each topic's first batch waits for a look at its durability and partitions.
         self.topics = TopicWatch(settings, using, client_id=self.relay_id, emit=self._say,
                                  kafka_failing=lambda: self.kafka.outage.failing)
@@ -99,10 +106,6 @@ class Relay:
 
     def _say(self, level: int, event: str, fields: dict[str, Any]) -> None:
         log_event(logger, level, event, relay_id=self.relay_id, **fields)
-
-    @property
-    def producer(self) -> Producer:
-        return self.kafka.producer
 
     def connect(self) -> None:
         """Start the producer now (it connects at once), so a refusal shows before any event."""

@@ -205,11 +205,6 @@ class StreamCluster:
         """Stored ids at or past this cluster's next one: rows written here would sort behind."""
         return int(self.newest_txid) >= int(self.next_txid)
 
-    @property
-    def sound(self) -> bool:
-        """The position belongs to this cluster and lies behind its transaction ids."""
-        return self.recorded_system == self.this_system and not self.ahead
-
 
 @dataclass(frozen=True, slots=True)
 class Backlog:

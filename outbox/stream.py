@@ -21,6 +21,7 @@ from outbox.outage import Emit
 from outbox.producer import Batch, RelayProducer
 from outbox.reader import StreamReader
 from outbox.reports import sort_reports
+from outbox.retries import Retries
 from outbox.store import Position, Read, ReadMessage
 from outbox.tally import BatchOutcome, Tally
 
@@ -75,15 +76,16 @@ class StreamRun:
 class StreamLane:
     """The stream of one relay, run by its leader."""
 
-    def __init__(self, using: str, *, producer: RelayProducer, reader: StreamReader,
-                 leadership: Leadership, tally: Tally, held: HeldWatch,
-                 stop: threading.Event, emit: Emit) -> None:
+    def __init__(self, using: str, *, max_attempts: int, producer: RelayProducer,
+                 reader: StreamReader, leadership: Leadership, retries: Retries, tally: Tally,
+                 held: HeldWatch, stop: threading.Event, emit: Emit) -> None:
         self.using = using
         self._emit = emit
-        self.max_attempts = tally.settings.max_attempts
+        self.max_attempts = max_attempts
         self._producer = producer
         self._reader = reader
         self._leadership = leadership
+        self._retries = retries
         self._tally = tally
         self._held = held
         self._stop = stop
@@ -185,10 +187,10 @@ class StreamLane:
         reports = sort_reports(batch.read, batch.errors, acked_at=batch.acked_at,
                                read_at=batch.read_at, stop_at_unavailable=True)
         detours = [store.Detour(m.id) if error is None else
-                   store.Detour(m.id, *self._tally.describe_refusal(m, error))
+                   store.Detour(m.id, *self._retries.describe_refusal(m, error))
                    for m, error in reports.detoured]
         failed = len(detours) - sum(1 for d in detours if d.error is None)
-        deferrals = self._tally.describe_deferrals(reports.deferred, batch.partitions)
+        deferrals = self._retries.describe_deferrals(reports.deferred, batch.partitions)
         detours += [store.Detour(m.id, *deferrals[m.id], attempted=False)
                     for m, _error in reports.deferred]
         recorded = reports.settled
@@ -207,4 +209,6 @@ class StreamLane:
                 detoured_keys.update(m.key for m, _error in reports.detoured)
                 detoured_keys.update(m.key for m, _error in reports.deferred)
         metrics.observe_delivery_latencies(reports.latencies)
-        return self._tally.account(outcome, reports.first_unavailable, lane="stream")
+        self._producer.batch_recorded(published=outcome.published, released=outcome.released,
+                                      first_unavailable=reports.first_unavailable)
+        return self._tally.account(outcome, lane="stream", max_attempts=self.max_attempts)

@@ -258,3 +258,37 @@ def test_the_barrier_on_one_producer_does_not_acknowledge_a_batch_of_another(
 
     assert new_batch.acked_at is not None and old_batch.acked_at is None
     assert harness.relay._unacked == [old_batch]
+
+
+def _said(stop: threading.Event) -> tuple[RelayProducer, list[tuple[str, dict[str, Any]]]]:
+    lines: list[tuple[str, dict[str, Any]]] = []
+    relay = RelayProducer(RelaySettings(bootstrap_servers="fake:9092"), "relay-test",
+                          emit=lambda _level, event, fields: lines.append((event, fields)),
+                          stop=stop)
+    return relay, lines
+
+
+def test_a_recorded_batch_with_released_rows_is_an_outage_and_one_delivered_ends_it() -> None:
+    relay, _lines = _said(threading.Event())
+    unavailable = KafkaError(KafkaError._ALL_BROKERS_DOWN)
+    relay.batch_recorded(published=0, released=3, first_unavailable=unavailable)
+    assert relay.outage.failing
+    relay.batch_recorded(published=1, released=0, first_unavailable=None)
+    assert not relay.outage.failing
+
+
+def test_rows_released_at_stop_are_said_as_such_not_as_an_outage() -> None:
+    stop = threading.Event()
+    stop.set()
+    relay, lines = _said(stop)
+    relay.batch_recorded(published=0, released=2, first_unavailable=None)
+    assert not relay.outage.failing
+    assert lines == [("messages released at stop", {"released": 2, "error": "no report"})]
+
+
+def test_rows_released_after_a_refusal_add_nothing_to_the_refusal_line() -> None:
+    relay, lines = _said(threading.Event())
+    relay._on_error(KafkaError(KafkaError._AUTHENTICATION))
+    relay.batch_recorded(published=0, released=4, first_unavailable=None)
+    assert not relay.outage.failing
+    assert [event for event, _fields in lines] == ["kafka refused the relay"]

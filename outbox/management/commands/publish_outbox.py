@@ -19,7 +19,8 @@ from core.health import Heartbeat, Verdict, database_ready
 from core.ops_server import Probes, operations_server
 from core.progress import ProgressBar
 from outbox import kafka, kafka_errors, metrics, store
-from outbox.config import RelaySettings, load_relay_settings, validate
+from outbox.config import RelaySettings, load_relay_settings
+from outbox.pass_failure import failure_line
 from outbox.relay import Relay, RelayStats
 from outbox.stood_by import stood_by_while_rows_waited
 
@@ -65,11 +66,10 @@ class Command(ProjectCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = load_relay_settings(os.environ)
-        kafka.check_producer_config(settings)  # librdkafka's own check, offline: exit 2 too
-        if options["batch_size"] is not None:
+        if options["batch_size"] is not None:  # before the check: the producer's queue follows it
             settings = settings.with_overrides(
                 batch_size=parse_positive_int("--batch-size", options["batch_size"]))
-            validate(settings)
+        kafka.check_producer_config(settings)  # librdkafka's own check, offline: exit 2 too
         held_bound = parse_duration_or_zero("--held-bound", options["held_bound"])
         stood_by_bound = parse_duration_or_zero("--stood-by-bound", options["stood_by_bound"])
         relax_garbage_collection()  # a few short-lived objects a row (core.garbage)
@@ -98,43 +98,11 @@ class Command(ProjectCommand):
             finally:
                 relay.close()
         self._summarise(stats, backlog)
-        if stop.is_set():
-            return
-        if stats.released or stats.failed or stats.deferred:
-            raise CommandError(
-                f"not everything was delivered: {stats.released} released (broker unavailable), "
-                f"{stats.failed} failed, {stats.parked} parked"
-                + (f", {stats.deferred} deferred (a partition unavailable)" if stats.deferred
-                   else "") + "; run again",
-                returncode=EXIT_FAILED,
-            )
-        if stats.held_for_s:
-            raise CommandError(
-                f"{backlog.unpublished} message(s) still unpublished: the stream is held back by "
-                f"a transaction open on the database server for {stats.held_for_s:.0f}s or more "
-                "(docs/runbooks/outbox-backlog.md, \"The stream is held back\"); run again",
-                returncode=EXIT_FAILED,
-            )
-        if stood_by_too_long:
-            raise CommandError(
-                f"{backlog.unpublished} message(s) waiting, the oldest for "
-                f"{backlog.oldest_age_s or 0:.0f}s, while another session holds the relays' "
-                "lock and publishes none of them: "
-                + (f"it is {holder}; if that is no working relay (a pooled server connection "
-                   "keeps a lock taken through a pooler by transaction), end it with "
-                   f"pg_terminate_backend({holder.pid})" if holder is not None
-                   else "it released the lock since")
-                + " (docs/runbooks/outbox-backlog.md, \"Another session holds the relays' "
-                "lock\"); run again",
-                returncode=EXIT_FAILED,
-            )
-        if not stats.broker_answered:
-            raise CommandError(
-                "the broker did not answer within OUTBOX_DELIVERY_TIMEOUT "
-                f"({settings.delivery_timeout.total_seconds():.0f}s): check "
-                "KAFKA_BOOTSTRAP_SERVERS and that Kafka is up; run again",
-                returncode=EXIT_FAILED,
-            )
+        line = failure_line(stats, backlog, stopped=stop.is_set(),
+                            stood_by_too_long=stood_by_too_long, holder=holder,
+                            delivery_timeout=settings.delivery_timeout)
+        if line is not None:
+            raise CommandError(line, returncode=EXIT_FAILED)
 
     def _loop(self, settings: RelaySettings, stop: threading.Event) -> None:
         """--loop, with METRICS_ADDR's /metrics, /healthz (the loop beats) and /readyz."""
