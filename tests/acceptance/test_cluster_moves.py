@@ -18,7 +18,8 @@ import pytest
 from core.roles import AUDITOR_ROLE, RELAY_ROLE, WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
-from tests.support.clusters import Cluster, bindir, clusters, manage, new_database
+from tests.support.clusters import Cluster, clusters, manage, new_database
+from tests.support.pg_binaries import bindir
 from tests.support.relay_support import wait_for
 from tests.support.tansu_support import TansuBroker
 

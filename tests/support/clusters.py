@@ -14,19 +14,7 @@ from typing import Any
 import psycopg
 
 from tests.conftest import manage_py
-
-
-def bindir() -> Path:
-    """The newest installed PostgreSQL's binaries."""
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),
-                   key=lambda p: int(p.parent.parent.name))
-    if not found:
-        raise RuntimeError("no PostgreSQL binaries under /usr/lib/postgresql (apt postgresql)")
-    return found[-1].parent
-
-
-def _as_postgres() -> list[str]:
-    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+from tests.support.pg_binaries import as_postgres, bindir
 
 
 def free_port() -> int:
@@ -47,7 +35,7 @@ class Cluster:
         self.settings = list(settings)
 
     def run(self, tool: str, *args: str, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*_as_postgres(), str(bindir() / tool), *args], text=True,
+        return subprocess.run([*as_postgres(), str(bindir() / tool), *args], text=True,
                               capture_output=True, check=True, timeout=300, cwd=self.dir,
                               **kwargs)
 

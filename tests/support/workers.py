@@ -23,6 +23,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from tests.support.pg_binaries import as_postgres, bindir
+
 OWN_CLUSTER = "TEST_OWN_CLUSTER"
 TEMPLATE = "TEST_CLUSTER_TEMPLATE"
 # A throwaway cluster: nothing is worth a disk flush.
@@ -30,20 +32,8 @@ SETTINGS = ("-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
             "-c max_connections=200")
 
 
-def _bindir() -> Path:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"),
-                   key=lambda p: int(p.parent.parent.name))
-    if not found:
-        raise RuntimeError("no PostgreSQL binaries under /usr/lib/postgresql (apt postgresql)")
-    return found[-1].parent
-
-
-def _as_postgres() -> list[str]:
-    return ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-
-
 def _run(tool: str, *args: str) -> None:
-    subprocess.run([*_as_postgres(), str(_bindir() / tool), *args], check=True,
+    subprocess.run([*as_postgres(), str(bindir() / tool), *args], check=True,
                    capture_output=True, text=True, timeout=300)
 
 
@@ -74,7 +64,7 @@ def start_own_cluster(template: Path | None) -> str:
     directory = _own_dir("pin-worker-")
     data = directory / "data"
     if template is not None:
-        subprocess.run([*_as_postgres(), "cp", "-a", str(template), str(data)], check=True,
+        subprocess.run([*as_postgres(), "cp", "-a", str(template), str(data)], check=True,
                        timeout=300)
     else:
         _run("initdb", "-N", "-D", str(data), "-U", "postgres", "-A", "trust")
@@ -84,7 +74,7 @@ def start_own_cluster(template: Path | None) -> str:
          f"{SETTINGS}", "start")
 
     def remove() -> None:
-        subprocess.run([*_as_postgres(), str(_bindir() / "pg_ctl"), "-D", str(data), "-m",
+        subprocess.run([*as_postgres(), str(bindir() / "pg_ctl"), "-D", str(data), "-m",
                         "immediate", "-w", "stop"], capture_output=True, check=False, timeout=120)
         shutil.rmtree(directory, ignore_errors=True)
 
