@@ -96,7 +96,8 @@ class PartitionOutages:
     """The partitions that could not take rows while the cluster took others: an outage log
     for each (its lines carry the topic and partition), how many batches in a row each failed
     (its rows' retry delay grows with it), and the partition each deferred key was bound for
-    (a delivery of that key says the partition is back)."""
+    (a delivery of that key says the partition is back, and its other keys are due at once:
+    `take_due`)."""
 
     def __init__(self, emit: Emit, *, interval_s: float, clock: Clock = time.monotonic) -> None:
         self._emit = emit
@@ -105,6 +106,8 @@ class PartitionOutages:
         self._logs: dict[Partition, OutageLog] = {}
         self._failures: dict[Partition, int] = {}
         self._keys: dict[str, Partition] = {}
+        # Keys deferred for a partition that is back: their waiting rows are due at once.
+        self._due: list[str] = []
 
     @property
     def down(self) -> set[Partition]:
@@ -124,12 +127,30 @@ class PartitionOutages:
         """Rows of `keys` delivered: the partitions they were deferred for are back."""
         back = {p for p in (self._keys.pop(key, None) for key in keys) if p is not None}
         back &= set(self._failures)
-        if back:  # its other keys say nothing more: a later outage starts afresh
-            self._keys = {k: p for k, p in self._keys.items() if p not in back}
         for partition in back:
-            del self._failures[partition]
-            self._log(partition).restored()
+            self._back(partition)
         return back
+
+    def ready(self, topic: str, number: int) -> bool:
+        """The topic's metadata shows the partition able to take rows again (TopicWatch): if it
+        was in an outage it is back, and True."""
+        partition = (topic, number)
+        if partition not in self._failures:
+            return False
+        self._back(partition)
+        return True
+
+    def take_due(self) -> list[str]:
+        """The keys whose partition came back since the last call (their rows wait no longer)."""
+        due, self._due = self._due, []
+        return due
+
+    def _back(self, partition: Partition) -> None:
+        """Its other deferred keys are due at once; a later outage starts afresh."""
+        self._due.extend(k for k, p in self._keys.items() if p == partition)
+        self._keys = {k: p for k, p in self._keys.items() if p != partition}
+        del self._failures[partition]
+        self._log(partition).restored()
 
     def _log(self, partition: Partition) -> OutageLog:
         if partition not in self._logs:

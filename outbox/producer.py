@@ -13,7 +13,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,8 @@ class Batch:
     acked_at: float | None = None
     # The partition of each row an error was reported for (-1: none assigned yet), by key.
     partitions: dict[str, int] = field(default_factory=dict)
+    # Keys of rows not sent: the topic's metadata showed their partition unable to take them.
+    unsent: set[str] = field(default_factory=set)
 
     @property
     def keys(self) -> set[str]:
@@ -73,8 +75,12 @@ class RelayProducer:
         self._stop_seen_at: float | None = None
         # Batches handed to the current producer and not acknowledged yet, oldest first.
         self._unacked: list[Batch] = []
-        # Called with a batch's rows before they are produced (the relay's TopicWatch.admit).
-        self.admit: Callable[[list[ReadMessage]], None] = lambda _rows: None
+        # Called with a batch's rows before they are produced (the relay's TopicWatch.admit):
+        # the rows not to send, by key, with their partition and the error to report for them.
+        self.admit: Callable[[list[ReadMessage]], Mapping[str, tuple[int, KafkaError]]] = (
+            lambda _rows: {})
+        # Told each error report's (topic, partition, error) (TopicWatch.partition_failed).
+        self.partition_failed: Callable[[str, int, KafkaError], None] = lambda *_report: None
         self.outage = OutageLog(self._log_outage,
                                 interval_s=settings.outage_log_interval.total_seconds())
 
@@ -226,8 +232,9 @@ class RelayProducer:
                 return
 
     def produce_batch(self, read: Read, start: Position | None = None) -> Batch:
-        """Hand a batch's rows to the producer (a held stream row is not sent)."""
-        self.admit(read.messages)
+        """Hand a batch's rows to the producer (a held stream row is not sent, nor a row its
+        partition cannot take now, by the topic's metadata: that one gets its error at once)."""
+        unsendable = self.admit(read.messages)
         producer = self.producer
         deadline = (time.monotonic() + self.settings.delivery_timeout.total_seconds()
                     + FLUSH_MARGIN_S)
@@ -240,10 +247,15 @@ class RelayProducer:
                 errors[key] = error
                 partition = record.partition()  # None while none was assigned
                 partitions[key] = -1 if partition is None else partition
+                partition_failed(record.topic(), partitions[key], error)
 
-        produce, loads = producer.produce, orjson.loads
+        produce, loads, partition_failed = producer.produce, orjson.loads, self.partition_failed
         for message in batch.read:
             if message.held:
+                continue
+            if unsendable and message.key in unsendable:
+                partitions[message.key], errors[message.key] = unsendable[message.key]
+                batch.unsent.add(message.key)
                 continue
             batch.sent += 1
             try:

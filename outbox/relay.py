@@ -103,6 +103,8 @@ class Relay:
         self.topics = TopicWatch(settings, using, client_id=self.relay_id, emit=self._say,
                                  kafka_failing=lambda: self.kafka.outage.failing)
         self.kafka.admit = self.topics.admit
+        self.kafka.partition_failed = self.topics.partition_failed
+        self.topics.on_ready = self.retries.partitions.ready
 
     def _say(self, level: int, event: str, fields: dict[str, Any]) -> None:
         log_event(logger, level, event, relay_id=self.relay_id, **fields)

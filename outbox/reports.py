@@ -9,7 +9,7 @@ acknowledged, or an error that says only that Kafka could not be reached: nothin
 the row, it is read again later)."""
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError
@@ -43,7 +43,8 @@ class Reports:
 
 def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaError], *,
                  acked_at: float | None, read_at: float, stop_at_unavailable: bool,
-                 unavailable: Callable[[KafkaError], bool] = broker_unavailable) -> Reports:
+                 unavailable: Callable[[KafkaError], bool] = broker_unavailable,
+                 unsent: Collection[str] = ()) -> Reports:
     """Sort `messages` by the `errors` reported for them (by message key: a batch has one row
     per key) and the batch's acknowledgement (`acked_at`, monotonic; None: the batch was not
     acknowledged, so a row without an error report is not known to be delivered). The stream
@@ -56,14 +57,17 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
     and the stream's batch had a row delivered (the cluster answers; that partition does not);
     in a batch with nothing delivered it is unavailable and the stream stops before it, as for
     a broker that cannot be reached. The slow lane defers such a row whatever the rest did
-    (its rows are detoured already: nothing floods, and the stream judges the broker)."""
+    (its rows are detoured already: nothing floods, and the stream judges the broker). Rows
+    `unsent` (keys: the topic's metadata, read from the cluster, showed their partition unable
+    to take them) say the cluster answers too: a stream batch of only such rows defers them."""
     reports = Reports(settled=len(messages))
     if acked_at is not None and not errors and not any(m.held for m in messages):
         reports.delivered = list(messages)  # the usual batch: every row delivered
     else:
         acked = acked_at is not None
-        answered = acked and (not stop_at_unavailable or any(
-            not m.held and m.key not in errors for m in messages))
+        sent = [m for m in messages if not m.held and m.key not in unsent]
+        answered = acked and (not stop_at_unavailable or not sent
+                              or any(m.key not in errors for m in sent))
         _sort_each(reports, messages, errors, acked=acked, defer=answered,
                    stop_at_unavailable=stop_at_unavailable, unavailable=unavailable)
     if acked_at is not None and reports.delivered:

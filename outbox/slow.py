@@ -23,7 +23,9 @@ class SlowLane:
         self._tally = tally
 
     def publish(self) -> BatchOutcome:
-        """One batch of the slow lane: its due rows, each the oldest waiting row of its key."""
+        """One batch of the slow lane: its due rows, each the oldest waiting row of its key
+        (the rows of a partition that came back are due at once)."""
+        store.make_due(self.using, self._retries.partitions.take_due())
         read = store.read_slow(self.using, batch_size=self.batch_size)
         if not read.messages:
             return BatchOutcome()

@@ -478,3 +478,12 @@ def postpone(using: str, failures: Sequence[Failure]) -> int:
                                           "errors": [f.error[:2000] for f in failures],
                                           "retry_in": [f.retry_in for f in failures]})
         return cur.rowcount
+
+
+def make_due(using: str, keys: Sequence[str]) -> int:
+    """The waiting slow-lane rows of `keys` due now (their partition is back); how many."""
+    if not keys:
+        return 0
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["make_due"], {"keys": list(keys)})
+        return cur.rowcount

@@ -9,7 +9,11 @@ DescribeConfigs), and:
 - where the configuration cannot be read (no DescribeConfigs right, a broker without the API),
   says so once and exports it (durability "unverified"), and publishes;
 - records the partition count (outbox_topics) and says so loudly when it changed: a key's
-  partition is its hash modulo the count, so order per key does not hold across the change.
+  partition is its hash modulo the count, so order per key does not hold across the change;
+- keeps which partitions cannot take a record now (no leader, fewer in-sync replicas than
+  `min.insync.replicas`, or one that answered NOT_ENOUGH_REPLICAS_AFTER_APPEND since the last
+  look): a row bound for one is not sent, it is deferred at once ("One partition's outage"),
+  and the metadata is read again every LOOK_UNREADY_S until the partition looks able again.
 """
 
 import logging
@@ -26,6 +30,7 @@ from outbox import kafka, metrics, store
 from outbox.config import ALLOW_UNDURABLE_VAR, RelaySettings
 from outbox.kafka_errors import describe
 from outbox.outage import Emit
+from outbox.partitioning import partition_of, partition_problem
 from outbox.redaction import redact
 
 MIN_INSYNC = "min.insync.replicas"
@@ -40,6 +45,8 @@ RETRY_LOOK_TIMEOUT_S = 1.0
 # While leading, the relay looks at its topics again this often (a partition added, a
 # configuration changed); librdkafka's own metadata refresh is every 5 minutes.
 LOOK_AGAIN_S = 30.0
+# ... and this often while a partition cannot take records: its rows are not sent meanwhile.
+LOOK_UNREADY_S = 5.0
 # The errors of a principal that may not describe the topic's configuration.
 NOT_ALLOWED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED,
                          KafkaError.CLUSTER_AUTHORIZATION_FAILED})
@@ -103,17 +110,24 @@ def replicas_of(partitions: Mapping[int, Any]) -> int:
     return min((len(set(p.replicas)) for p in partitions.values()), default=0)
 
 
+# A row not sent: its partition and the error its deferral records, by key.
+Unsendable = dict[str, tuple[int, KafkaError]]
+
+
 class TopicWatch:
     """The relay's look at the topics it publishes to: `admit` before each batch (a topic's
-    first batch waits for its look), `look_again_if_due` between batches while leading."""
+    first batch waits for its look; rows its partitions cannot take now are not sent),
+    `look_again_if_due` between batches while leading."""
 
     def __init__(self, settings: RelaySettings, using: str, *, client_id: str, emit: Emit,
                  admin: Callable[[], Any] | None = None, look_again_s: float = LOOK_AGAIN_S,
+                 look_unready_s: float = LOOK_UNREADY_S,
                  kafka_failing: Callable[[], bool] = lambda: False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.using = using
         self.look_again_s = look_again_s
+        self.look_unready_s = look_unready_s
         self._emit = emit
         self._new_admin = admin or (lambda: AdminClient(kafka.admin_config(settings, client_id)))
         self._admin: Any = None
@@ -124,15 +138,20 @@ class TopicWatch:
         self._durability: dict[str, str] = {}  # the state said for each topic
         self._tried: set[str] = set()  # topics whose metadata a look already waited for
         self._next_look = 0.0
+        # The partitions that cannot take a record now, by topic, with the error a row bound
+        # for one records; from the last look that read the topic's metadata (none if it failed).
+        self._unready: dict[str, dict[int, KafkaError]] = {}
+        # Told (topic, partition) when a partition found unable looks able again; True if it
+        # was in an outage (its deferred rows are then due at once).
+        self.on_ready: Callable[[str, int], bool] = lambda _topic, _partition: False
 
-    def admit(self, messages: Sequence[Any]) -> None:
+    def admit(self, messages: Sequence[Any]) -> Unsendable:
         """Before a batch goes to the producer: look at each of its topics not looked at yet;
         raises UndurableTopicError for one that may lose what it acknowledges. A topic whose
         metadata cannot be read now (unreachable, not created yet) is looked at again at the
-        next batch: its deliveries fail meanwhile, so nothing of it is acknowledged unchecked."""
+        next batch: its deliveries fail meanwhile, so nothing of it is acknowledged unchecked.
+        Returns the rows not to send (`unsendable`)."""
         topics = {m.topic for m in messages}
-        if topics <= self._admitted:
-            return
         for topic in sorted(topics - self._admitted):
             if self._kafka_failing():
                 continue  # the batch's deliveries fail too: a look would only slow the outage
@@ -141,7 +160,41 @@ class TopicWatch:
             if self._look(topic, timeout):
                 self._admitted.add(topic)
         if self._next_look == 0.0:
-            self._next_look = self._clock() + self.look_again_s
+            self._next_look = self._clock() + self._look_interval()
+        return self.unsendable(messages) if self._unready else {}
+
+    def _look_interval(self) -> float:
+        """Until the next look: sooner while a partition cannot take records."""
+        return self.look_unready_s if any(self._unready.values()) else self.look_again_s
+
+    def unsendable(self, messages: Sequence[Any]) -> Unsendable:
+        """The rows of `messages` bound for a partition the last look found unable to take them
+        (its partition from the key, as the producer's murmur2 partitioner computes it): not
+        sent, so no copy can come of them, and no delivery timeout is waited for."""
+        found: Unsendable = {}
+        for message in messages:
+            unready = self._unready.get(message.topic)
+            if not unready:
+                continue
+            partition = partition_of(message.key, self._partitions[message.topic])
+            error = unready.get(partition)
+            if error is not None:
+                found[message.key] = (partition, error)
+        return found
+
+    def partition_failed(self, topic: str, partition: int, error: KafkaError) -> None:
+        """A delivery report's error (RelayProducer): NOT_ENOUGH_REPLICAS_AFTER_APPEND means the
+        leader appended the record and the in-sync replicas fell short; nothing more is sent to
+        that partition until a later look shows its in-sync replicas back, so a retry adds no
+        copy meanwhile."""
+        if (error.code() != KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND or partition < 0
+                or topic not in self._partitions):
+            return
+        self._unready.setdefault(topic, {})[partition] = KafkaError(
+            KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+            "not sent: the partition answered that its in-sync replicas fell short after an "
+            "append; held until the metadata shows them back")
+        self._next_look = min(self._next_look, self._clock() + self.look_unready_s)
 
     def look_again_if_due(self) -> None:
         """Every `look_again_s`: the topics' metadata and configuration again (a partition count
@@ -149,25 +202,53 @@ class TopicWatch:
         acknowledges raises UndurableTopicError)."""
         if not self._admitted or self._clock() < self._next_look:
             return
-        self._next_look = self._clock() + self.look_again_s
         for topic in sorted(self._admitted):
             self._look(topic, RETRY_LOOK_TIMEOUT_S)
+        self._next_look = self._clock() + self._look_interval()
 
     def _look(self, topic: str, timeout: float) -> bool:
         """Read, record and check `topic`; False if its metadata could not be read."""
         try:
             cluster = self._client().list_topics(topic, timeout=timeout)
         except KafkaException:
+            self._unready.pop(topic, None)  # not known now: its rows are sent as usual
             return False  # Kafka unreachable: the outage log says it
         found = cluster.topics.get(topic)
         if found is None or found.error is not None or not found.partitions:
+            self._unready.pop(topic, None)
             return False  # not created yet, or being created
+        self._record_partitions(topic, len(found.partitions))
+        self._see_partitions(topic, found.partitions,
+                             self._check_durability(topic, cluster, found, timeout))
+        return True
+
+    def _see_partitions(self, topic: str, partitions: Mapping[int, Any],
+                        min_insync: int | None) -> None:
+        """Which partitions of `topic` cannot take a record now, by their metadata
+        (`partition_problem`); one that could not at the previous look and can now is said
+        to `on_ready`."""
+        unready: dict[int, KafkaError] = {}
+        for number, partition in partitions.items():
+            problem = partition_problem(partition.leader, partition.isrs, min_insync)
+            if problem is not None:
+                code = (KafkaError.LEADER_NOT_AVAILABLE if partition.leader < 0
+                        else KafkaError.NOT_ENOUGH_REPLICAS)
+                unready[number] = KafkaError(code, f"not sent: the metadata shows {problem}")
+        before = self._unready.get(topic, {})
+        self._unready[topic] = unready
+        for number in sorted(set(before) - set(unready)):
+            if self.on_ready(topic, number):
+                metrics.set_partition_available(topic, number)
+
+    def _check_durability(self, topic: str, cluster: Any, found: Any,
+                          timeout: float) -> int | None:
+        """Check the topic's configuration (UndurableTopicError if it may lose what it
+        acknowledges); its `min.insync.replicas`, None where it could not be read."""
         partitions = len(found.partitions)
-        self._record_partitions(topic, partitions)
         if cluster.controller_id not in cluster.brokers:
             # DescribeConfigs goes to the controller; librdkafka's mock cluster names none.
             self._say_durability(topic, "unverified", {"reason": "the cluster names no controller"})
-            return True
+            return None
         try:
             entries = self._describe(topic, timeout)
         except KafkaException as exc:
@@ -176,7 +257,7 @@ class TopicWatch:
                       if error is not None and error.code() in NOT_ALLOWED
                       else redact(describe(error) if error else str(exc), self.settings))
             self._say_durability(topic, "unverified", {"reason": reason})
-            return True
+            return None
         config = topic_config(topic, partitions, replicas_of(found.partitions), entries)
         problem = durability_problem(config)
         fields = {"replicas": config.replicas, "min_insync_replicas": config.min_insync_replicas,
@@ -187,7 +268,7 @@ class TopicWatch:
             self._say_durability(topic, "allowed", {**fields, "problem": problem})
         else:
             raise UndurableTopicError(topic, problem)
-        return True
+        return config.min_insync_replicas
 
     def _client(self) -> Any:
         if self._admin is None:

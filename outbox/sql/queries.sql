@@ -309,3 +309,13 @@ from unnest(%(ids)s::uuid[], %(errors)s::text[], %(retry_in)s::interval[]) as f(
 where m.id = f.id
   and m.published_at is null
   and m.parked_at is null;
+
+-- make_due: the waiting slow-lane rows of keys whose partition is back, due now, attempts
+-- unchanged (docs/outbox-relay.md, "One partition's outage")
+update outbox_messages m
+set available_at = now()
+where m.message_key = any(%(keys)s::text[])
+  and m.detoured_at is not null
+  and m.published_at is null
+  and m.parked_at is null
+  and m.available_at > now();

@@ -172,7 +172,8 @@ class DeniedAdmin:
         self.described = 0
 
     def list_topics(self, topic: str, timeout: float) -> Any:
-        parts = {p: SimpleNamespace(replicas=[1, 2, 3]) for p in range(self.partitions)}
+        parts = {p: SimpleNamespace(replicas=[1, 2, 3], leader=1, isrs=[1, 2, 3])
+                 for p in range(self.partitions)}
         return SimpleNamespace(topics={topic: SimpleNamespace(error=None, partitions=parts)},
                                controller_id=1, brokers={1: None, 2: None, 3: None})
 

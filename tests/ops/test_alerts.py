@@ -86,7 +86,7 @@ def rule_test_evaluations(alert: str) -> list[list[tuple[int, bool]]]:
 def test_rules_are_valid() -> None:
     checked = promtool("check", "rules", RULES)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 12 rules found" in checked.stdout
+    assert "SUCCESS: 13 rules found" in checked.stdout
 
 
 def test_rule_unit_tests_pass() -> None:
@@ -143,7 +143,7 @@ def test_rendered_rules_link_runbooks_under_the_given_base(tmp_path: Path) -> No
     done = render(base + "/", rendered)
     assert done.returncode == 0, done.stderr
     checked = promtool("check", "rules", rendered)
-    assert checked.returncode == 0 and "SUCCESS: 12 rules found" in checked.stdout, checked.stdout
+    assert checked.returncode == 0 and "SUCCESS: 13 rules found" in checked.stdout, checked.stdout
     urls = [r["annotations"]["runbook_url"] for r in alerts(rendered).values()]
     assert len(urls) == len(alerts()) and all(u.startswith(base + "/docu") or
                                               u.startswith(base + "/outbox") for u in urls)

@@ -165,3 +165,26 @@ def test_a_deferred_keys_delivery_says_its_partition_is_back_and_a_later_outage_
     clock.now += 120
     assert outages.failed(("t", 0), ["e"], "_MSG_TIMED_OUT") == 1
     assert lines[-1][1] == PARTITION_FAILING
+
+
+def test_a_partition_back_makes_its_other_deferred_keys_due_once_and_no_other_partitions(
+) -> None:
+    outages, _lines, _clock = partition_outages()
+    outages.failed(("t", 0), ["a", "b", "c"], "_MSG_TIMED_OUT")
+    outages.failed(("t", 1), ["d"], "_MSG_TIMED_OUT")
+
+    assert outages.take_due() == []
+    outages.delivered(["a"])
+    assert sorted(outages.take_due()) == ["b", "c"]  # not "a" (delivered), not "d" (still down)
+    assert outages.take_due() == []  # taken: once
+
+
+def test_the_metadata_showing_a_partition_able_again_ends_its_outage_as_a_delivery_does() -> None:
+    outages, lines, _clock = partition_outages()
+    outages.failed(("t", 0), ["a", "b"], "LEADER_NOT_AVAILABLE")
+
+    assert outages.ready("t", 1) is False  # not in an outage: nothing to say
+    assert outages.ready("t", 0) is True
+    assert outages.down == set() and sorted(outages.take_due()) == ["a", "b"]
+    assert lines[-1][1] == PARTITION_RESTORED
+    assert outages.ready("t", 0) is False

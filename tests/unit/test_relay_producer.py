@@ -43,6 +43,9 @@ class Record:
     def partition(self) -> int | None:
         return None if self._partition < 0 else self._partition  # as confluent-kafka says -1
 
+    def topic(self) -> str:
+        return "topic"
+
 
 class FakeProducer:
     """librdkafka's producer as the relay uses it: messages stay in flight until the test
@@ -292,3 +295,31 @@ def test_rows_released_after_a_refusal_add_nothing_to_the_refusal_line() -> None
     relay.batch_recorded(published=0, released=4, first_unavailable=None)
     assert not relay.outage.failing
     assert [event for event, _fields in lines] == ["kafka refused the relay"]
+
+
+def test_a_row_the_topic_watch_finds_unsendable_is_not_produced_and_gets_its_error_at_once(
+    harness: Harness,
+) -> None:
+    no_leader = KafkaError(KafkaError.LEADER_NOT_AVAILABLE, "not sent: the metadata shows no leader")
+    harness.relay.admit = lambda rows: {r.key: (2, no_leader) for r in rows if r.key == "b"}
+
+    batch = harness.batch("a", "b")
+
+    assert set(harness.fake.in_flight) == {"a"} and batch.sent == 1
+    assert batch.errors == {"b": no_leader} and batch.partitions == {"b": 2}
+    assert batch.unsent == {"b"}
+    harness.relay.await_batch(batch)
+    assert batch.acked_at is not None  # nothing of "b" is awaited
+
+
+def test_every_error_report_is_told_to_the_topic_watch_with_its_partition(
+    harness: Harness,
+) -> None:
+    told: list[tuple[str, int, int]] = []
+    harness.relay.partition_failed = lambda topic, p, error: told.append((topic, p, error.code()))
+    batch = harness.batch("a", "b")
+    harness.fake.fail("b", KafkaError(KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND), partition=3)
+
+    harness.relay.await_batch(batch)
+
+    assert told == [("topic", 3, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND)]

@@ -103,3 +103,27 @@ def test_a_connection_or_producer_error_beside_delivered_rows_still_stops_the_st
                                stop_at_unavailable=True)
         assert reports.settled == 1 and reports.deferred == [], error
         assert reports.first_unavailable is error
+
+
+def test_a_stream_batch_of_rows_the_metadata_kept_back_defers_them_the_cluster_answered() -> None:
+    no_leader = KafkaError(KafkaError.LEADER_NOT_AVAILABLE, "not sent: the metadata shows no leader")
+    rows = [row(1), row(3, held=True), row(4)]
+    errors = {"key-1": no_leader, "key-4": no_leader}
+
+    kept_back = sort_reports(rows, errors, acked_at=11.0, read_at=10.0, stop_at_unavailable=True,
+                             unsent={"key-1", "key-4"})
+    timed_out = sort_reports(rows, errors, acked_at=11.0, read_at=10.0, stop_at_unavailable=True)
+
+    assert [m.key for m, _e in kept_back.deferred] == ["key-1", "key-4"]
+    assert kept_back.settled == 3 and not kept_back.unavailable
+    assert not timed_out.deferred and timed_out.settled == 0  # sent and lost: the broker's outage
+
+
+def test_a_row_kept_back_beside_sent_rows_of_which_none_was_delivered_stops_the_stream() -> None:
+    no_leader = KafkaError(KafkaError.LEADER_NOT_AVAILABLE, "not sent: the metadata shows no leader")
+    errors = {"key-1": no_leader, "key-2": KafkaError(KafkaError._MSG_TIMED_OUT)}
+
+    reports = sort_reports([row(1), row(2)], errors, acked_at=11.0, read_at=10.0,
+                           stop_at_unavailable=True, unsent={"key-1"})
+
+    assert reports.settled == 0 and not reports.deferred
