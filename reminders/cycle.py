@@ -151,7 +151,9 @@ class Cycle:
         result = self.result
         ledger.start()
         with store.due_owners(
-            self.using, self.window, self.settings.thresholds, self.scope.as_of_date
+            self.using, self.window, self.settings.thresholds, self.scope.as_of_date,
+            run_id=self.scope.run_id,
+            page_owners=store.DUE_PAGE_BATCHES * self.settings.batch_size,
         ) as due:
             result.window_documents, result.due_documents = (
                 due.window_documents, due.due_documents)
@@ -169,7 +171,7 @@ class Cycle:
     def _out_of_time(self) -> bool:
         return self.clock() >= self._deadline
 
-    def _remind_due_owners(self, ledger: Ledger, due: store.DueOwners) -> str:
+    def _remind_due_owners(self, ledger: Ledger, due: store.DueOwners | store.DuePages) -> str:
         for batch in owner_batches(due.fetch, self.settings.batch_size):
             if self.stop.is_set():
                 log_event(logger, logging.WARNING, "cycle stopping on signal",

@@ -117,7 +117,8 @@ def _params(batch: dict[str, Any]) -> dict[str, Any]:
         "as_of_date": TODAY, "run_id": uuid.uuid4(), "reminded_at": "2026-11-29T03:00:00Z",
         "aggregate_type": "Profile", "event_type": "E", "contract_version": 1, "topic": "t",
         "extra_headers": None, "unknown_type": "Unknown", "cutoff": TODAY - timedelta(days=90),
-        "chunk": 5_000, "batch_size": 500, "after_txid": "1", "after_seq": 0, **batch,
+        "chunk": 5_000, "batch_size": 500, "after_txid": "1", "after_seq": 0,
+        "after_expiry": None, "after_owner": None, "page_owners": 100_000, **batch,
     }
 
 
@@ -242,6 +243,7 @@ REMINDERS = [
     ("batch_documents", (), _batch_documents),
     ("window_census", (), _window_census),
     ("due_owners", ("tune_session", "due_owners_plan"), _due_owners),
+    ("due_owners_page", ("tune_transaction", "due_owners_plan"), _due_owners),
     ("prune_expired_markers", ("prune_plan",), _prune_expired_markers),
     ("count_expired_markers", (), _count_expired_markers),
 ]
