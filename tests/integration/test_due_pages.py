@@ -24,7 +24,7 @@ def by_pages(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     monkeypatch.setitem(connections["default"].settings_dict, "DISABLE_SERVER_SIDE_CURSORS", True)
     monkeypatch.setattr(store, "DUE_PAGE_BATCHES", 2)
     pages: list[int] = []
-    reader = store._due_page_reader  # noqa: SLF001 (counting the pages it reads)
+    reader = store._due_page_reader
 
     def counted(*args: object, **kwargs: object) -> object:
         read = reader(*args, **kwargs)  # type: ignore[arg-type]
