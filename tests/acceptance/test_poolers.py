@@ -17,13 +17,16 @@ from pathlib import Path
 import psycopg
 import pytest
 from django.db import connection
+from django.test import Client
+from django.urls import reverse
 
-from core.roles import RELAY_ROLE, WORKER_ROLE
+from core.roles import ADMIN_WEB_ROLE, RELAY_ROLE, WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from reminders import rules, store
 from reminders.config import DEFAULT_THRESHOLDS
 from tests.acceptance.test_relay_process import relay_env, run_relay
+from tests.support.admin_data import finished_run, ledger_rows, staff_viewer
 from tests.support.chaos import Worker, load_spread_documents
 from tests.support.clusters import free_port
 from tests.support.ledger import AS_OF
@@ -46,7 +49,7 @@ def pgbouncer(pool_mode: str) -> Iterator[int]:
     workdir = Path(tempfile.mkdtemp(prefix="pin-pgbouncer-", dir="/tmp"))
     port = free_port()
     (workdir / "users.txt").write_text(
-        "".join(f'"{role}" ""\n' for role in ("postgres", RELAY_ROLE, WORKER_ROLE)))
+        "".join(f'"{role}" ""\n' for role in ("postgres", RELAY_ROLE, WORKER_ROLE, ADMIN_WEB_ROLE)))
     (workdir / "pgbouncer.ini").write_text(f"""[databases]
 * = host={settings['HOST'] or '127.0.0.1'} port={settings['PORT'] or 5432}
 [pgbouncer]
@@ -178,3 +181,31 @@ def test_behind_a_pooler_by_transaction_the_worker_completes_its_cycle_by_pages(
     with connection.cursor() as cursor:  # one event an owner, none read twice
         cursor.execute("select count(*), count(distinct message_key) from outbox_messages")
         assert cursor.fetchone() == (owners, owners)
+
+
+def test_behind_a_pooler_by_transaction_the_admin_serves_its_pages(
+    transactional_db: None, client: Client
+) -> None:
+    viewer = staff_viewer()
+    ledger_rows(3, reminded_at=AS_OF)
+    finished_run(AS_OF)
+    pages = [reverse(f"admin:{page}") for page in (
+        "reminders_documentexpiryreminder_changelist", "outbox_outboxmessage_changelist",
+        "reminders_reminderrun_changelist", "reminders_overview")]
+    settings = connection.settings_dict
+    direct = dict(settings)
+    with pgbouncer("transaction") as port:
+        # The admin's connection as DATABASE_POOL_MODE=transaction makes it, through the pooler.
+        settings.update(HOST="127.0.0.1", PORT=str(port), USER=ADMIN_WEB_ROLE,
+                        DISABLE_SERVER_SIDE_CURSORS=True,
+                        OPTIONS={**settings["OPTIONS"], "prepare_threshold": None})
+        connection.close()
+        try:
+            client.force_login(viewer)
+            for url in pages * 3:
+                reconnect(port)  # each page on server connections the last one never used
+                assert client.get(url).status_code == 200, url
+        finally:
+            connection.close()
+            settings.clear()
+            settings.update(direct)
