@@ -147,9 +147,10 @@ class DuePages:
                  page_owners: int) -> None:
         self._read_page = read_page
         self._page_owners = page_owners
-        self._pending = read_page(None)
+        page = read_page(None)
+        self._pending = _page_owners(page)
         self._more = len(self._pending) == page_owners  # a full page: more may follow
-        first = self._pending[0] if self._pending else None
+        first = page[0] if page else None
         # the census of the first pass, before any claim (later passes see this cycle's markers)
         self.window_documents = int(first[3]) if first else 0
         self.due_documents = int(first[4]) if first else 0
@@ -158,13 +159,18 @@ class DuePages:
     def fetch(self, size: int) -> list[DueOwner]:
         """Up to `size` more due owners; empty at the end."""
         if not self._pending and self._more:
-            self._pending = self._read_page(self._last)
+            self._pending = _page_owners(self._read_page(self._last))
             self._more = len(self._pending) == self._page_owners
         chunk, self._pending = self._pending[:size], self._pending[size:]
-        rows = [DueOwner(r[0], r[1], int(r[2]), list(r[5])) for r in chunk]
+        rows = [DueOwner(r[0], r[1], int(r[2]), r[5].split(",")) for r in chunk]
         if rows:
             self._last = rows[-1]
         return rows
+
+
+def _page_owners(page: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """A page's owners (its row of nulls, when none is left, only carries the census)."""
+    return [row for row in page if row[0] is not None]
 
 
 # A page of DuePages holds as many owners as this many batches hold documents: each page is

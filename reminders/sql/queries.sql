@@ -98,7 +98,9 @@ set local jit = off;
 -- a page at a time, each page the same one pass; owners with a marker of this cycle (`run_id`) are
 -- left out, so that an owner an earlier page claimed (whose first due expiry moved on when part of
 -- its documents were capped out) is never read twice. The census on every row is this pass's
--- (the cycle keeps the first page's, taken before any claim)
+-- (the cycle keeps the first page's, taken before any claim): a row of nulls but the census when
+-- no owner is left. The ids as one text an owner (a page's memory: a string an owner, split when
+-- its batch comes)
 with window_documents as materialized (
     -- due: more crossed thresholds (days_left <= t) than markers among them. The markers come
     -- by a join (parallel, one pass over the ledger), not a probe per document and threshold;
@@ -142,17 +144,24 @@ owners as (
     from window_documents
     group by owner_user_id
 )
-select owner_user_id, first_due_expiry, due_documents,
-       (select sum(window_documents) from owners) as window_documents,
-       (select sum(due_documents) from owners) as window_due_documents,
-       due_document_ids
-from owners
-where due_documents > 0
-  and not claimed
-  and (%(after_expiry)s::timestamptz is null
-       or (first_due_expiry, owner_user_id) > (%(after_expiry)s::timestamptz, %(after_owner)s::uuid))
-order by first_due_expiry, owner_user_id
-limit %(page_owners)s;
+select o.owner_user_id, o.first_due_expiry, o.due_documents,
+       c.window_documents, c.window_due_documents,
+       array_to_string(o.due_document_ids, ',') as due_document_ids
+from (select coalesce(sum(window_documents), 0) as window_documents,
+             coalesce(sum(due_documents), 0) as window_due_documents
+      from owners) c
+left join (
+    select owner_user_id, first_due_expiry, due_documents, due_document_ids
+    from owners
+    where due_documents > 0
+      and not claimed
+      and (%(after_expiry)s::timestamptz is null
+           or (first_due_expiry, owner_user_id)
+              > (%(after_expiry)s::timestamptz, %(after_owner)s::uuid))
+    order by first_due_expiry, owner_user_id
+    limit %(page_owners)s
+) o on true
+order by o.first_due_expiry, o.owner_user_id;
 
 -- batch_documents: the window documents of a batch of owners, with their markers' thresholds and
 -- the expiry dates they were written for (for --dry-run)

@@ -206,6 +206,21 @@ def _due_owners(plan: dict[str, Any]) -> None:
     assert len(_scans(plan, "document_expiry_reminders")) == 1
 
 
+def _relations_under(node: dict[str, Any]) -> list[str]:
+    return [node.get("Relation Name", "")] + [
+        name for child in node.get("Plans", []) for name in _relations_under(child)]
+
+
+def _due_owners_page(plan: dict[str, Any]) -> None:
+    _window_once(plan)
+    assert len(_scans(plan, "document_expiry_reminders")) == 1
+    # the one nested loop joins the census row to the page, both over the pass's CTE: no table
+    # scanned under it
+    for node, _ in _nodes(plan):
+        if node["Node Type"] == "Nested Loop":
+            assert not any(_relations_under(node)), _relations_under(node)
+
+
 def _prune_expired_markers(plan: dict[str, Any]) -> None:
     scans = _scans(plan, "document_expiry_reminders")
     # the chunk's ids through the expiry index (under its limit), then each by primary key
@@ -243,7 +258,7 @@ REMINDERS = [
     ("batch_documents", (), _batch_documents),
     ("window_census", (), _window_census),
     ("due_owners", ("tune_session", "due_owners_plan"), _due_owners),
-    ("due_owners_page", ("tune_transaction", "due_owners_plan"), _due_owners),
+    ("due_owners_page", ("tune_transaction", "due_owners_plan"), _due_owners_page),
     ("prune_expired_markers", ("prune_plan",), _prune_expired_markers),
     ("count_expired_markers", (), _count_expired_markers),
 ]
