@@ -1,7 +1,8 @@
 """Which relay publishes (docs/outbox-relay.md, "One relay at a time"): the one holding the
 relays' session advisory lock, taken without waiting once per database session, and never on a
 server in recovery (a standby: the relay stands by until it is promoted). The leader checks that
-the stream belongs to this cluster before reading it (`settle`), every batch it records checks
+the stream belongs to this cluster before reading it (`settle`), a pooler by transaction is refused
+at start, before the lead (`transaction_pooler_in_the_way`), and every batch it records checks
 that its statements still reach the server process that took the lead (`leader_pid`,
 store.advance: a pooler by transaction would break the lock's meaning), and its reader checks
 that it reads the server the relay leads on (`server`, outbox.reader)."""
@@ -29,12 +30,15 @@ class Leadership:
         self.stood_by = False  # another relay was leading at some look
         self.server: store.Server | None = None  # the server the relay leads on, while it does
         self.in_recovery: store.Server | None = None  # the server of the last look, if a standby
+        self._probed = False
 
     def lead(self) -> bool:
         """True while this relay holds the relays' lock: taken, without waiting, once per
         database session (a session that ended released it, and a standby may hold it now)."""
         session = connections[self.using].connection
         if session is None or session is not self._session:
+            if not self._probed:  # before anything lives in the session (its lock, its settings)
+                self._refuse_a_transaction_pooler()
             # A new database session: its commits need no WAL flush wait (a lost mark after a
             # database crash only means sending those rows again).
             self._session = store.relax_commit_durability(self.using)
@@ -56,6 +60,18 @@ class Leadership:
             self._standing_by = not self.leading
             self.stood_by = self.stood_by or self._standing_by
         return self.leading
+
+    def _refuse_a_transaction_pooler(self) -> None:
+        """SessionChangedError (exit 2) when a pooler by transaction is between the relay and
+        PostgreSQL: its lock and settings would stay on a server connection others get."""
+        pid = store.transaction_pooler_in_the_way(self.using)
+        self._probed = True
+        if pid is not None:
+            raise store.SessionChangedError(
+                f"the relay's session and another one both reached server process {pid}: a "
+                "connection pooler that pools by transaction (PgBouncer pool_mode=transaction) "
+                "is between the relay and PostgreSQL; give the relay a DATABASE_URL that "
+                "connects directly or through session pooling (pool_mode=session)")
 
     def _on_a_primary(self, server: store.Server) -> bool:
         """False (and said once) while the server is in recovery; said again once promoted."""

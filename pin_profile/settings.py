@@ -102,6 +102,14 @@ _db["OPTIONS"] = {
     "application_name": env.str("DB_APPLICATION_NAME", default="pin-profile-reminders"),
 }
 _db["CONN_HEALTH_CHECKS"] = True
+# Behind a pooler by transaction (docs/operations.md, "Connection poolers"): nothing may outlive
+# a transaction, so no server-side cursor (the admin's lists, the worker's due owners by pages)
+# and no prepared statement (PgBouncer 1.18 cannot follow them from one server to the next).
+DATABASE_POOL_MODE = env.parsed("DATABASE_POOL_MODE", choice_parser("session", "transaction"),
+                                "session")
+if DATABASE_POOL_MODE == "transaction":
+    _db["DISABLE_SERVER_SIDE_CURSORS"] = True
+    _db["OPTIONS"]["prepare_threshold"] = None
 DATABASES = {"default": _db}
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -143,7 +143,9 @@ class Cycle:
         result, scope = self.result, self.scope
         ledger.start()
         with store.due_owners(
-            scope.using, scope.window, scope.settings.thresholds, scope.as_of_date
+            scope.using, scope.window, scope.settings.thresholds, scope.as_of_date,
+            run_id=scope.run_id,
+            page_owners=store.DUE_PAGE_BATCHES * scope.settings.batch_size,
         ) as due:
             result.window_documents, result.due_documents = (
                 due.window_documents, due.due_documents)
@@ -161,7 +163,7 @@ class Cycle:
     def _out_of_time(self) -> bool:
         return self.clock() >= self._deadline
 
-    def _remind_due_owners(self, ledger: Ledger, due: store.DueOwners) -> str:
+    def _remind_due_owners(self, ledger: Ledger, due: store.DueOwners | store.DuePages) -> str:
         settings = self.scope.settings
         for batch in owner_batches(due.fetch, settings.batch_size):
             if self.stop.is_set():

@@ -6,7 +6,7 @@ Batches travel as arrays (`= any(%s::uuid[])`, `unnest`), never as long VALUES l
 
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import psycopg
+from django.db import connections
 
 from core.db import one, raw_connection, server_cursor
 from core.queries import QueryFile
@@ -135,11 +136,60 @@ class DueOwners:
         return rows
 
 
+class DuePages:
+    """The due owners of a cycle as DueOwners lists them, for a connection that holds nothing
+    across transactions (a transaction pooler, `DISABLE_SERVER_SIDE_CURSORS`): a page of
+    `page_owners` at a time, each page the one pass again in a transaction of its own, after the
+    last owner read (keyset on first due expiry, owner), leaving out owners this cycle claimed.
+    Nothing is read twice, the loop ends (the key only grows), and memory holds one page."""
+
+    def __init__(self, read_page: Callable[[DueOwner | None], list[tuple[Any, ...]]],
+                 page_owners: int) -> None:
+        self._read_page = read_page
+        self._page_owners = page_owners
+        page = read_page(None)
+        self._pending = _page_owners(page)
+        self._more = len(self._pending) == page_owners  # a full page: more may follow
+        first = page[0] if page else None
+        # the census of the first pass, before any claim (later passes see this cycle's markers)
+        self.window_documents = int(first[3]) if first else 0
+        self.due_documents = int(first[4]) if first else 0
+        self._last: DueOwner | None = None
+
+    def fetch(self, size: int) -> list[DueOwner]:
+        """Up to `size` more due owners; empty at the end."""
+        if not self._pending and self._more:
+            self._pending = _page_owners(self._read_page(self._last))
+            self._more = len(self._pending) == self._page_owners
+        chunk, self._pending = self._pending[:size], self._pending[size:]
+        rows = [DueOwner(r[0], r[1], int(r[2]), r[5].split(",")) for r in chunk]
+        if rows:
+            self._last = rows[-1]
+        return rows
+
+
+def _page_owners(page: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """A page's owners (its row of nulls, when none is left, only carries the census)."""
+    return [row for row in page if row[0] is not None]
+
+
+# A page of DuePages holds as many owners as this many batches hold documents: each page is
+# one pass over the window (about the warm cycle's time), so pages are large (100,000 owners at
+# the default batch size, a few megabytes of ids).
+DUE_PAGE_BATCHES = 200
+
+
 @contextmanager
 def due_owners(
-    using: str, window: Window, thresholds: Sequence[int], as_of_date: date
-) -> Iterator[DueOwners]:
-    """The due owners and the census of the window (see DueOwners)."""
+    using: str, window: Window, thresholds: Sequence[int], as_of_date: date,
+    *, run_id: uuid.UUID, page_owners: int,
+) -> Iterator[DueOwners | DuePages]:
+    """The due owners and the census of the window: from one held cursor (DueOwners), or by
+    pages (DuePages) where the alias disables server-side cursors (a transaction pooler)."""
+    if connections[using].settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+        yield DuePages(_due_page_reader(using, window, thresholds, as_of_date, run_id=run_id,
+                                        page_owners=page_owners), page_owners)
+        return
     conn = raw_connection(using)
     conn.execute(QUERIES["tune_session"])
     cursor = conn.cursor(name=f"due_owners_{uuid.uuid4().hex}", withhold=True)
@@ -155,6 +205,29 @@ def due_owners(
             # If the connection broke, the server dropped the cursor with the session.
             with suppress(psycopg.Error):
                 cursor.close()
+
+
+def _due_page_reader(
+    using: str, window: Window, thresholds: Sequence[int], as_of_date: date,
+    *, run_id: uuid.UUID, page_owners: int,
+) -> Callable[[DueOwner | None], list[tuple[Any, ...]]]:
+    params = {**_window_params(window, thresholds, as_of_date), "run_id": run_id,
+              "page_owners": page_owners}
+
+    def read_page(after: DueOwner | None) -> list[tuple[Any, ...]]:
+        conn = raw_connection(using)
+        # Settings for this transaction only: nothing outlives it on a pooled server connection.
+        with conn.transaction(), psycopg.Cursor(conn) as cur:
+            cur.execute(QUERIES["tune_transaction"])
+            cur.execute(QUERIES["due_owners_plan"])
+            cur.execute(QUERIES["due_owners_page"], {
+                **params,
+                "after_expiry": after.first_due_expiry if after else None,
+                "after_owner": after.owner_user_id if after else None,
+            })
+            return cur.fetchall()
+
+    return read_page
 
 
 def batch_documents(

@@ -55,24 +55,24 @@ where d.status = 'Active'
   and d.expires_at < %(window_end)s
   and get_byte(uuid_send(d.id), 15) < 13;
 
--- save_floor: keep the floor's markers (without ids and times) and events (with their message ids, named after the reminder as the worker names them, and their headers but the run's correlation id), for the comparison
+-- save_floor: keep the floor's markers (without ids and times) and events (with their message ids, named after the reminder as the worker names them, and their headers but the run's correlation id and the insert's time, ce_time), for the comparison
 drop table if exists public.bench_floor_markers, public.bench_floor_events;
 create table public.bench_floor_markers as
     select document_id, owner_user_id, type, threshold_days, expires_at, notified
     from document_expiry_reminders;
 create table public.bench_floor_events as
     select id, aggregate_type, aggregate_id, event_type, contract_version, topic, message_key, payload,
-           headers - 'correlation_id' as headers
+           headers - array['correlation_id', 'ce_time'] as headers
     from outbox_messages;
 
--- save_stale: keep the stale-statistics cycle's markers (without ids and times) and events (with their message ids, and headers but the run's correlation id), for the comparison with the floor (which runs after it)
+-- save_stale: keep the stale-statistics cycle's markers (without ids and times) and events (with their message ids, and headers but the run's correlation id and the insert's time, ce_time), for the comparison with the floor (which runs after it)
 drop table if exists public.bench_stale_markers, public.bench_stale_events;
 create table public.bench_stale_markers as
     select document_id, owner_user_id, type, threshold_days, expires_at, notified
     from document_expiry_reminders;
 create table public.bench_stale_events as
     select id, aggregate_type, aggregate_id, event_type, contract_version, topic, message_key, payload,
-           headers - 'correlation_id' as headers
+           headers - array['correlation_id', 'ce_time'] as headers
     from outbox_messages;
 
 -- compare_stale_with_floor: rows that differ between the stale-statistics cycle's output and the floor's, both ways
@@ -104,7 +104,7 @@ select
          from document_expiry_reminders)) as m) as markers_differing,
     (select count(*) from (
         (select id, aggregate_type, aggregate_id, event_type, contract_version, topic,
-                message_key, payload, headers - 'correlation_id'
+                message_key, payload, headers - array['correlation_id', 'ce_time']
          from outbox_messages
          except all
          select * from public.bench_floor_events)
@@ -112,7 +112,7 @@ select
         (select * from public.bench_floor_events
          except all
          select id, aggregate_type, aggregate_id, event_type, contract_version, topic,
-                message_key, payload, headers - 'correlation_id'
+                message_key, payload, headers - array['correlation_id', 'ce_time']
          from outbox_messages)) as e) as events_differing,
     (select count(*) from public.bench_floor_markers) as floor_markers,
     (select count(*) from public.bench_floor_events) as floor_events;

@@ -89,6 +89,80 @@ select owner_user_id, first_due_expiry, due_documents,
 from owners
 order by due_documents = 0, first_due_expiry, owner_user_id;
 
+-- tune_transaction: tune_session for one transaction (behind a transaction pooler, where a
+-- session setting would reach whichever client the server connection serves next)
+set local jit = off;
+
+-- due_owners_page: due_owners for a connection that cannot hold a cursor across transactions
+-- (a transaction pooler): the due owners after a key (first due expiry, owner), most urgent first,
+-- a page at a time, each page the same one pass; owners with a marker of this cycle (`run_id`) are
+-- left out, so that an owner an earlier page claimed (whose first due expiry moved on when part of
+-- its documents were capped out) is never read twice. The census on every row is this pass's
+-- (the cycle keeps the first page's, taken before any claim): a row of nulls but the census when
+-- no owner is left. The ids as one text an owner (a page's memory: a string an owner, split when
+-- its batch comes)
+with window_documents as materialized (
+    -- due: more crossed thresholds (days_left <= t) than markers among them. The markers come
+    -- by a join (parallel, one pass over the ledger), not a probe per document and threshold;
+    -- width_bucket(x, ascending) counts the thresholds <= x, so n - width_bucket(left - 1)
+    -- counts those >= left.
+    select d.owner_user_id,
+           d.id,
+           d.expires_at,
+           cardinality(%(thresholds)s::int[])
+           - width_bucket((d.expires_at at time zone 'UTC')::date - %(as_of_date)s::date - 1,
+                          array(select t from unnest(%(thresholds)s::int[]) as t order by t))
+           > count(r.document_id) as due,
+           -- a marker this cycle wrote: the owner was claimed by an earlier page's batch
+           coalesce(bool_or(r.run_id = %(run_id)s::uuid), false) as claimed
+    from person_documents d
+    left join document_expiry_reminders r
+      on r.document_id = d.id
+     and r.threshold_days = any(%(thresholds)s::int[])
+     and r.threshold_days >= (d.expires_at at time zone 'UTC')::date - %(as_of_date)s::date
+     and r.expires_at = (d.expires_at at time zone 'UTC')::date
+    where d.status = 'Active'
+      and d.deleted_at is null
+      and d.expires_at is not null
+      and d.expires_at >= %(window_start)s
+      and d.expires_at < %(window_end)s
+    group by d.id
+),
+owners as (
+    select owner_user_id,
+           min(expires_at) filter (where due) as first_due_expiry,
+           count(*) filter (where due) as due_documents,
+           count(*) as window_documents,
+           bool_or(claimed) as claimed,
+           -- the claim reads these by primary key: an owner's other documents (out of the
+           -- window, archived, deleted: three in four at steady 10M) are never fetched. Most
+           -- urgent first (UTC expiry date, id): the cycle keeps an owner's first
+           -- max_documents_per_event (plan.most_urgent_per_owner's order). As text: the
+           -- worker only slices and passes them back (no UUID object a document).
+           array_agg(id::text order by (expires_at at time zone 'UTC')::date, id)
+               filter (where due) as due_document_ids
+    from window_documents
+    group by owner_user_id
+)
+select o.owner_user_id, o.first_due_expiry, o.due_documents,
+       c.window_documents, c.window_due_documents,
+       array_to_string(o.due_document_ids, ',') as due_document_ids
+from (select coalesce(sum(window_documents), 0) as window_documents,
+             coalesce(sum(due_documents), 0) as window_due_documents
+      from owners) c
+left join (
+    select owner_user_id, first_due_expiry, due_documents, due_document_ids
+    from owners
+    where due_documents > 0
+      and not claimed
+      and (%(after_expiry)s::timestamptz is null
+           or (first_due_expiry, owner_user_id)
+              > (%(after_expiry)s::timestamptz, %(after_owner)s::uuid))
+    order by first_due_expiry, owner_user_id
+    limit %(page_owners)s
+) o on true
+order by o.first_due_expiry, o.owner_user_id;
+
 -- batch_documents: the window documents of a batch of owners, with their markers' thresholds and
 -- the expiry dates they were written for (for --dry-run)
 select d.id,

@@ -1,7 +1,8 @@
-"""The relay behind a real connection pooler (Debian's pgbouncer): by session it works; by
-transaction it notices, as soon as its statements reach another server process than the one
-holding its lead, and stops with exit 2 and one line, recording nothing it did not deliver
-(docs/operations.md, "Connection poolers")."""
+"""The services behind a real connection pooler (Debian's pgbouncer; docs/operations.md,
+"Connection poolers"). The relay: by session it works; by transaction it refuses at start,
+before it leads, with exit 2 and one line, publishing nothing. The worker, told
+(`DATABASE_POOL_MODE=transaction`), completes its cycle by transaction: its due owners by
+pages, nothing held across transactions."""
 
 import os
 import shutil
@@ -16,16 +17,22 @@ from pathlib import Path
 import psycopg
 import pytest
 from django.db import connection
+from django.test import Client
+from django.urls import reverse
 
-from core.roles import RELAY_ROLE
+from core.roles import ADMIN_WEB_ROLE, RELAY_ROLE, WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
-from tests.acceptance.test_relay_process import relay_env, run_relay, start_relay
+from reminders import rules, store
+from reminders.config import DEFAULT_THRESHOLDS
+from tests.acceptance.test_relay_process import relay_env, run_relay
+from tests.support.admin_data import finished_run, ledger_rows, staff_viewer
+from tests.support.chaos import Worker, load_spread_documents
 from tests.support.clusters import free_port
+from tests.support.ledger import AS_OF
 from tests.support.relay_support import (
     BASE_TIME,
     insert_outbox,
-    outbox_state,
     unpublished_count,
     wait_for,
 )
@@ -41,7 +48,8 @@ def pgbouncer(pool_mode: str) -> Iterator[int]:
     settings = connection.settings_dict
     workdir = Path(tempfile.mkdtemp(prefix="pin-pgbouncer-", dir="/tmp"))
     port = free_port()
-    (workdir / "users.txt").write_text(f'"postgres" ""\n"{RELAY_ROLE}" ""\n')
+    (workdir / "users.txt").write_text(
+        "".join(f'"{role}" ""\n' for role in ("postgres", RELAY_ROLE, WORKER_ROLE, ADMIN_WEB_ROLE)))
     (workdir / "pgbouncer.ini").write_text(f"""[databases]
 * = host={settings['HOST'] or '127.0.0.1'} port={settings['PORT'] or 5432}
 [pgbouncer]
@@ -80,10 +88,17 @@ ignore_startup_parameters = extra_float_digits,options
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def through(port: int, env: dict[str, str]) -> dict[str, str]:
-    """The relay's environment with DATABASE_URL through the pooler."""
+def reconnect(port: int) -> None:
+    """PgBouncer's RECONNECT: each server connection is closed once released."""
+    with psycopg.connect(f"postgres://postgres@127.0.0.1:{port}/pgbouncer",
+                         autocommit=True, prepare_threshold=None) as admin:
+        admin.execute("RECONNECT")
+
+
+def through(port: int, env: dict[str, str], role: str = RELAY_ROLE) -> dict[str, str]:
+    """A command's environment with DATABASE_URL through the pooler, as `role`."""
     name = connection.settings_dict["NAME"]
-    return {**env, "DATABASE_URL": f"postgres://{RELAY_ROLE}@127.0.0.1:{port}/{name}"}
+    return {**env, "DATABASE_URL": f"postgres://{role}@127.0.0.1:{port}/{name}"}
 
 
 def rows(count: int) -> None:
@@ -104,39 +119,93 @@ def test_behind_a_pooler_by_session_the_relay_publishes_everything(
     assert len({r.message_id for r in read_topic(kafka.bootstrap_servers)}) == 60
 
 
-def test_behind_a_pooler_by_transaction_the_relay_stops_in_one_line_and_loses_nothing(
-    transactional_db: None, kafka: MockKafkaCluster, tmp_path: Path
+def test_behind_a_pooler_by_transaction_the_relay_refuses_at_start_in_one_line(
+    transactional_db: None, kafka: MockKafkaCluster
 ) -> None:
     rows(20)
-    log = tmp_path / "relay.log"
     with pgbouncer("transaction") as port:
-        relay = start_relay(through(port, relay_env(kafka.bootstrap_servers,
-                                                    OUTBOX_BATCH_SIZE="10")), "--loop", log=log)
-        try:
-            wait_for(lambda: unpublished_count() == 0, timeout=60, what="the first rows out")
-            # The pooler closes its server connections as they are released: the one the
-            # relay took the lead on is gone, the relay's next transaction reaches another.
-            with psycopg.connect(f"postgres://postgres@127.0.0.1:{port}/pgbouncer",
-                                 autocommit=True, prepare_threshold=None) as admin:
-                admin.execute("RECONNECT")
-            rows(20)
-            relay.communicate(timeout=60)
-        finally:
-            if relay.poll() is None:
-                relay.kill()
-                relay.communicate()
+        done = run_relay(through(port, relay_env(kafka.bootstrap_servers)))
 
-    assert relay.returncode == 2, log.read_text()
-    last = log.read_text().strip().splitlines()[-1]
-    assert last.startswith("CommandError: bad configuration: DATABASE_URL: the relay took the"
-                           " lead on server process"), last
-    assert "pool_mode=transaction" in last
-    published = {str(r["id"]) for r in outbox_state() if r["published_at"] is not None}
-    assert len(published) < 40  # it stopped before the end, and nothing is lost:
-    assert published <= {r.message_id for r in read_topic(kafka.bootstrap_servers)}
-    # the rows it left behind go out with the next pass, straight to the database
-    later = run_relay(relay_env(kafka.bootstrap_servers))
-    assert later.returncode == 0, later.stderr
-    assert unpublished_count() == 0
-    every = {str(r["id"]) for r in outbox_state()}
-    assert len(every) == 40 and every <= {r.message_id for r in read_topic(kafka.bootstrap_servers)}
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith("CommandError: bad configuration: DATABASE_URL: the relay's "
+                                "session and another one both reached server process"), lines
+    assert "pool_mode=transaction" in lines[-1] and "pool_mode=session" in lines[-1]
+    assert unpublished_count() == 20  # refused before it led: nothing published
+    assert not read_topic(kafka.bootstrap_servers)
+
+
+# Documents of the worker's cycle through the pooler; POOLER_TEST_DOCUMENTS=100000 for the
+# measured run (docs/operations.md): CI keeps it small, with batches small enough for pages.
+DOCUMENTS = int(os.environ.get("POOLER_TEST_DOCUMENTS", "3000"))
+BATCH_SIZE = max(3, DOCUMENTS // 1000)
+
+
+def _due_census() -> tuple[int, int]:
+    """(due documents, owners with one) of the cycle at AS_OF, before it runs."""
+    window = rules.scan_window(AS_OF.date(), DEFAULT_THRESHOLDS, 90)
+    _in_window, due = store.window_census("default", window, DEFAULT_THRESHOLDS, AS_OF.date())
+    with connection.cursor() as cursor:  # the ledger is empty: every window document is due
+        cursor.execute("""
+            select count(distinct owner_user_id) from person_documents
+            where status = 'Active' and deleted_at is null
+              and expires_at >= %s and expires_at < %s""", [window.start, window.end])
+        row = cursor.fetchone()
+    assert row is not None
+    return due, int(row[0])
+
+
+def test_behind_a_pooler_by_transaction_the_worker_completes_its_cycle_by_pages(
+    transactional_db: None
+) -> None:
+    load_spread_documents(DOCUMENTS, AS_OF, seed=32)
+    due, owners = _due_census()  # every window document of the backlog is due
+    # Pages of DUE_PAGE_BATCHES (200) batches' documents in owners: several pages of owners.
+    assert owners > 200 * BATCH_SIZE
+    with pgbouncer("transaction") as port:
+        worker = Worker.start(
+            "--as-of", AS_OF.isoformat(),
+            DATABASE_URL=through(port, {}, role=WORKER_ROLE)["DATABASE_URL"],
+            DATABASE_POOL_MODE="transaction", REMINDER_BATCH_SIZE=str(BATCH_SIZE))
+        worker.wait_logged("batch selected")
+        # Mid-cycle, the pooler closes its server connections as they are released: whatever
+        # a session held across transactions (a cursor WITH HOLD) is gone from the next one.
+        reconnect(port)
+        code, _out = worker.finish(timeout=1800)
+
+    assert code == 0, "\n".join(worker.lines[-10:])
+    [completed] = worker.logged("cycle completed")
+    assert completed["status"] == "succeeded"
+    assert completed["reminders_sent"] == due
+    assert completed["owners_notified"] == owners
+    with connection.cursor() as cursor:  # one event an owner, none read twice
+        cursor.execute("select count(*), count(distinct message_key) from outbox_messages")
+        assert cursor.fetchone() == (owners, owners)
+
+
+def test_behind_a_pooler_by_transaction_the_admin_serves_its_pages(
+    transactional_db: None, client: Client
+) -> None:
+    viewer = staff_viewer()
+    ledger_rows(3, reminded_at=AS_OF)
+    finished_run(AS_OF)
+    pages = [reverse(f"admin:{page}") for page in (
+        "reminders_documentexpiryreminder_changelist", "outbox_outboxmessage_changelist",
+        "reminders_reminderrun_changelist", "reminders_overview")]
+    settings = connection.settings_dict
+    direct = dict(settings)
+    with pgbouncer("transaction") as port:
+        # The admin's connection as DATABASE_POOL_MODE=transaction makes it, through the pooler.
+        settings.update(HOST="127.0.0.1", PORT=str(port), USER=ADMIN_WEB_ROLE,
+                        DISABLE_SERVER_SIDE_CURSORS=True,
+                        OPTIONS={**settings["OPTIONS"], "prepare_threshold": None})
+        connection.close()
+        try:
+            client.force_login(viewer)
+            for url in pages * 3:
+                reconnect(port)  # each page on server connections the last one never used
+                assert client.get(url).status_code == 200, url
+        finally:
+            connection.close()
+            settings.clear()
+            settings.update(direct)

@@ -118,7 +118,8 @@ def _params(batch: dict[str, Any]) -> dict[str, Any]:
         # the claim's envelope as the cycle passes it (reminders.events), message-id namespace too
         **events.envelope_params(datetime(2026, 11, 29, 3, 0, tzinfo=UTC)),
         "extra_headers": None, "cutoff": TODAY - timedelta(days=90),
-        "chunk": 5_000, "batch_size": 500, "after_txid": "1", "after_seq": 0, **batch,
+        "chunk": 5_000, "batch_size": 500, "after_txid": "1", "after_seq": 0,
+        "after_expiry": None, "after_owner": None, "page_owners": 100_000, **batch,
     }
 
 
@@ -206,6 +207,21 @@ def _due_owners(plan: dict[str, Any]) -> None:
     assert len(_scans(plan, "document_expiry_reminders")) == 1
 
 
+def _relations_under(node: dict[str, Any]) -> list[str]:
+    return [node.get("Relation Name", "")] + [
+        name for child in node.get("Plans", []) for name in _relations_under(child)]
+
+
+def _due_owners_page(plan: dict[str, Any]) -> None:
+    _window_once(plan)
+    assert len(_scans(plan, "document_expiry_reminders")) == 1
+    # the one nested loop joins the census row to the page, both over the pass's CTE: no table
+    # scanned under it
+    for node, _ in _nodes(plan):
+        if node["Node Type"] == "Nested Loop":
+            assert not any(_relations_under(node)), _relations_under(node)
+
+
 def _prune_expired_markers(plan: dict[str, Any]) -> None:
     scans = _scans(plan, "document_expiry_reminders")
     # the chunk's ids through the expiry index (under its limit), then each by primary key
@@ -249,6 +265,7 @@ REMINDERS = [
     ("batch_documents", (), _batch_documents),
     ("window_census", (), _window_census),
     ("due_owners", ("tune_session", "due_owners_plan"), _due_owners),
+    ("due_owners_page", ("tune_transaction", "due_owners_plan"), _due_owners_page),
     ("prune_expired_markers", ("prune_plan",), _prune_expired_markers),
     ("count_expired_markers", (), _count_expired_markers),
 ]

@@ -41,6 +41,8 @@ SAMPLE = {
     "until": datetime.now(UTC), "pruning_statuses": ["succeeded"], "pruned_before": "2026-08-31",
     "uuid_pattern": "^[0-9a-f-]{36}$", "started_at": datetime.now(UTC), "max_documents": 500,
     "now": datetime.now(UTC), "bound": timedelta(hours=26),
+    "after_expiry": datetime(2026, 11, 29, 3, 0, tzinfo=UTC), "after_owner": uuid.uuid4(),
+    "page_owners": 10,
 }
 # Every named query of the project, as "file stem: name".
 NAMED = {f"{path.parent.parent.name}/{path.stem}: {name}": sql
@@ -81,7 +83,7 @@ def _plan(name: str) -> str:
         return "\n".join(r[0] for r in cursor.fetchall())
 
 
-@pytest.mark.parametrize("name", ["window_census", "due_owners"])
+@pytest.mark.parametrize("name", ["window_census", "due_owners", "due_owners_page"])
 def test_candidate_queries_use_the_partial_expiry_index(name: str, db: None) -> None:
     with connection.cursor() as cursor:  # a table big enough for the planner to care
         cursor.execute("""
