@@ -18,7 +18,6 @@ from pathlib import Path
 from django.apps import apps
 from django.conf import settings
 from django.core.management import call_command
-from django.db import connection
 from django.db.migrations.loader import MigrationLoader
 
 BASELINE = Path(__file__).parent / "squawk_baseline.toml"
@@ -35,12 +34,19 @@ class Finding:
         return f"{self.migration}:{self.line}: {self.rule}: {self.message}"
 
 
+def is_project_app(name: str, path: str | Path, root: Path) -> bool:
+    """Whether the app `name` (its module) at `path` is the project's own: its package sits
+    where its name says under `root`, not merely somewhere below it (a virtualenv kept in the
+    checkout, `.venv/lib/.../django/contrib/admin`, is below the root too)."""
+    return Path(path).resolve() == (root / Path(*name.split("."))).resolve()
+
+
 def project_migrations() -> list[tuple[str, str]]:
     """(app label, migration name) of every migration of the project's own apps."""
     root = Path(settings.BASE_DIR)
     ours = {config.label for config in apps.get_app_configs()
-            if Path(config.path).resolve().is_relative_to(root)}
-    loader = MigrationLoader(connection, ignore_no_migrations=True)
+            if is_project_app(config.name, config.path, root)}
+    loader = MigrationLoader(None, ignore_no_migrations=True)  # the files only, no database
     return sorted(key for key in loader.disk_migrations if key[0] in ours)
 
 

@@ -2,7 +2,16 @@
 statement that takes ACCESS EXCLUSIVE without lock_timeout, passes it after what
 LockTimeoutMigration emits, and the baseline accepts only what it lists."""
 
-from core.migrations_lint import Finding, load_baseline, run_squawk, unaccepted
+from pathlib import Path
+
+from core.migrations_lint import (
+    Finding,
+    is_project_app,
+    load_baseline,
+    project_migrations,
+    run_squawk,
+    unaccepted,
+)
 
 ADD_COLUMN = 'ALTER TABLE "outbox_messages" ADD COLUMN "probe" text NULL;\n'
 TIMEOUTS = "SET LOCAL lock_timeout = '5s';\nSET LOCAL statement_timeout = '1min';\n"
@@ -41,3 +50,18 @@ def test_the_baseline_gives_a_reason_for_every_accepted_finding() -> None:
     baseline = load_baseline()
     assert "outbox.0005_stream_position" in baseline
     assert all(reason.strip() for rules in baseline.values() for reason in rules.values())
+
+
+def test_the_project_apps_are_its_own_packages_not_a_virtualenv_kept_in_the_checkout(
+    tmp_path: Path,
+) -> None:
+    venv_admin = tmp_path / ".venv/lib/python3.11/site-packages/django/contrib/admin"
+    for folder in (tmp_path / "outbox", venv_admin):
+        folder.mkdir(parents=True)
+
+    assert is_project_app("outbox", tmp_path / "outbox", tmp_path)
+    assert not is_project_app("django.contrib.admin", venv_admin, tmp_path)
+
+
+def test_the_lint_reads_only_the_project_apps_migrations() -> None:
+    assert {app for app, _name in project_migrations()} == {"reminders", "outbox"}
