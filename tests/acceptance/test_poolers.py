@@ -29,6 +29,7 @@ from tests.acceptance.test_relay_process import relay_env, run_relay
 from tests.support.admin_data import finished_run, ledger_rows, staff_viewer
 from tests.support.chaos import Worker, load_spread_documents
 from tests.support.clusters import free_port
+from tests.support.factories import Documents
 from tests.support.ledger import AS_OF
 from tests.support.relay_support import (
     BASE_TIME,
@@ -156,7 +157,7 @@ def _due_census() -> tuple[int, int]:
 
 
 def test_behind_a_pooler_by_transaction_the_worker_completes_its_cycle_by_pages(
-    transactional_db: None
+    documents: Documents,  # the documents table emptied after it, for the next test
 ) -> None:
     load_spread_documents(DOCUMENTS, AS_OF, seed=32)
     due, owners = _due_census()  # every window document of the backlog is due

@@ -36,7 +36,7 @@ SAMPLE = {
     "retention": timedelta(days=7), "limit": 10, "all": False,
     "after_txid": "1", "after_seq": 0, "from_txid": "1", "from_seq": 0, "upto_txid": "2",
     "upto_seq": 5, "published_at": datetime(2026, 11, 29, 3, 0, tzinfo=UTC), "messages": 5,
-    "attempted": [True], "leader_pid": 1,
+    "attempted": [True], "leader_pid": 1, "keys": ["k"],
     "lock": 1, "statement": "alter table outbox_messages add column x text",
     "until": datetime.now(UTC), "pruning_statuses": ["succeeded"], "pruned_before": "2026-08-31",
     "uuid_pattern": "^[0-9a-f-]{36}$", "started_at": datetime.now(UTC), "max_documents": 500,
