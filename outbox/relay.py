@@ -116,13 +116,6 @@ class Relay:
         """Start the producer now (it connects at once), so a refusal shows before any event."""
         self.kafka.connect()
 
-    def connect_topic_watch(self) -> None:
-        """Create the topics' admin client without waiting for it: its connection (TCP, TLS,
-        SASL, its first metadata: about 50 ms on librdkafka's mock cluster however close)
-        overlaps the broker check, the lead and the first read, so the first batch's look at
-        its topic finds it connected (issue 33)."""
-        self.topics.connect()
-
     def check_broker(self) -> bool:
         """Ask the broker for its metadata (RelayProducer.check_broker). A pass does this first,
         so that it sees a broker it cannot use even when it has nothing to send."""
@@ -172,7 +165,6 @@ class Relay:
         (that one does). Rows held back by a transaction open on the server are waited for up
         to `held_bound_s`; if they are still held then, `stats.held_for_s` says how long."""
         try:
-            self.connect_topic_watch()
             self.stats.broker_answered = self.check_broker()
             held_since: float | None = None
             while not self.stop.is_set():

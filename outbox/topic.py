@@ -270,11 +270,6 @@ class TopicWatch:
             raise UndurableTopicError(topic, problem)
         return config.min_insync_replicas
 
-    def connect(self) -> None:
-        """Create the admin client now: it connects on librdkafka's threads meanwhile, so the
-        first look finds it connected."""
-        self._client()
-
     def _client(self) -> Any:
         if self._admin is None:
             self._admin = self._new_admin()
