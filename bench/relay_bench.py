@@ -145,8 +145,10 @@ def bench_messages(count: int, topic_seed: int = 0) -> list[BenchMessage]:
     return messages
 
 
-def load_outbox(messages: Iterable[BenchMessage], topic: str, using: str = "default") -> None:
-    """COPY the messages into outbox_messages as unpublished rows."""
+def load_outbox(messages: Iterable[BenchMessage], topic: str, using: str = "default", *,
+                analyze: bool = True) -> None:
+    """COPY the messages into outbox_messages as unpublished rows (then VACUUM ANALYZE the
+    table, unless `analyze` is false)."""
     from core.db import raw_connection
 
     conn = raw_connection(using)
@@ -159,7 +161,7 @@ def load_outbox(messages: Iterable[BenchMessage], topic: str, using: str = "defa
             copy.write_row((m.id, "Profile", m.key, m.headers["event_type"], 1, topic, m.key,
                             m.payload, json.dumps(m.headers), m.created_at, 0))
     with conn.cursor() as cur:
-        if conn.autocommit:
+        if analyze and conn.autocommit:
             cur.execute("vacuum analyze outbox_messages")
 
 
