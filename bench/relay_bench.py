@@ -1,15 +1,24 @@
-"""Relay benchmark (issues 6 and 15): events per second from outbox rows to acknowledged
+"""Relay benchmark (issues 6, 15 and 33): events per second from outbox rows to acknowledged
 delivery on librdkafka's mock cluster, beside a raw confluent-kafka producer sending the same
 messages from memory (the floor: no database at all), in one run.
 
     python bench/relay_bench.py [--events 100000 --events 1000000] [--relays 1 --relays 2]
-                                [--batch-size 5000] [--bootstrap HOST:PORT]
+                                [--batch-size default --batch-size 5000 --batch-size 500-fixed]
+                                [--pass] [--no-db-floor] [--bootstrap HOST:PORT]
 
-For each event count: the raw producer; the relay (`run_pass`) in 1 and in 2 processes at once
-on the same outbox (one leads, the others stand by: docs/outbox-relay.md), timed from the
-moment every process is ready until the last one is done; and the relay's database statements
-alone (the stream's read and the position's move, no Kafka), the database's share. "vs raw" compares
-each line with the raw producer of the same event count, measured minutes apart.
+For each event count: the raw producer; for each batch size, the relay (`run_pass`) in 1 and
+in 2 processes at once on the same outbox (one leads, the others stand by:
+docs/outbox-relay.md), timed from the moment every process is ready until the last one is done
+(start-up excluded); with `--pass`, a whole `manage.py publish_outbox` pass in a process of its
+own, timed from before the process starts until it has exited (start-up, the checks, the
+summary and the prune included: what an operator's pass costs); and the relay's database
+statements alone (the stream's read and the position's move, no Kafka), the database's share.
+"vs raw" compares each line with the raw producer of the same event count, measured minutes
+apart.
+
+A batch size is `default` (the relay's own settings: no OUTBOX_BATCH_SIZE; reads start small
+and grow, outbox.read_size), `N` (OUTBOX_BATCH_SIZE=N: reads grow up to N) or `N-fixed` (every
+read N rows: OUTBOX_BATCH_SIZE_MIN=N too, the relay before issue 33).
 
 `--bootstrap` measures against a broker already running there (a Tansu process, for one)
 instead of librdkafka's in-process mock cluster. It creates a fresh database
@@ -24,7 +33,10 @@ import json
 import multiprocessing
 import os
 import queue
+import re
+import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterable
@@ -39,17 +51,57 @@ DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pin_profile_relay_bench"
 
 RAW = "raw producer (from memory)"
 RELAY = "relay (outbox -> acknowledged)"
+RELAY_RUN = "publish_outbox pass, start-up in"
 DB_ONLY = "database only (read + position)"
+_PUBLISHED = re.compile(r"^Relay pass: (\d+) published", re.MULTILINE)
+
+
+@dataclass(frozen=True)
+class BatchSpec:
+    """The relay's read sizes for a line: its defaults (both None), a ceiling (reads grow up to
+    it), or a fixed size (floor = ceiling)."""
+
+    ceiling: int | None = None
+    floor: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "BatchSpec":
+        if text == "default":
+            return cls()
+        if text.endswith("-fixed"):
+            size = int(text.removesuffix("-fixed"))
+            return cls(size, size)
+        return cls(int(text))
+
+    @property
+    def label(self) -> str:
+        if self.ceiling is None:
+            return "default"
+        return f"{self.ceiling} fixed" if self.floor == self.ceiling else f"<={self.ceiling}"
+
+    def environ(self) -> dict[str, str]:
+        """The relay's variables for it (none for the defaults)."""
+        sizes = {"OUTBOX_BATCH_SIZE": self.ceiling, "OUTBOX_BATCH_SIZE_MIN": self.floor}
+        return {name: str(value) for name, value in sizes.items() if value is not None}
+
+    def settings(self, **fields: Any) -> Any:
+        """RelaySettings with these read sizes (the defaults' where unset)."""
+        from outbox.config import RelaySettings
+
+        return RelaySettings(**fields).with_overrides(batch_size=self.ceiling,
+                                                      batch_size_min=self.floor)
 
 
 @dataclass(frozen=True)
 class Measurement:
     name: str
     events: int
-    batch_size: int | None
+    batch_size: int | None  # the largest read (None: no relay, or the relay's default)
     seconds: float
     relays: int | None = None
     peak_rss_mb: float | None = None  # the relay processes' largest peak RSS
+    batch: str = "-"  # the read sizes, as BatchSpec.label says them
+    load_1m: float | None = None  # the machine's load average when the line was done
 
     @property
     def per_second(self) -> float:
@@ -93,8 +145,10 @@ def bench_messages(count: int, topic_seed: int = 0) -> list[BenchMessage]:
     return messages
 
 
-def load_outbox(messages: Iterable[BenchMessage], topic: str, using: str = "default") -> None:
-    """COPY the messages into outbox_messages as unpublished rows."""
+def load_outbox(messages: Iterable[BenchMessage], topic: str, using: str = "default", *,
+                analyze: bool = True) -> None:
+    """COPY the messages into outbox_messages as unpublished rows (then VACUUM ANALYZE the
+    table, unless `analyze` is false)."""
     from core.db import raw_connection
 
     conn = raw_connection(using)
@@ -107,7 +161,7 @@ def load_outbox(messages: Iterable[BenchMessage], topic: str, using: str = "defa
             copy.write_row((m.id, "Profile", m.key, m.headers["event_type"], 1, topic, m.key,
                             m.payload, json.dumps(m.headers), m.created_at, 0))
     with conn.cursor() as cur:
-        if conn.autocommit:
+        if analyze and conn.autocommit:
             cur.execute("vacuum analyze outbox_messages")
 
 
@@ -161,7 +215,7 @@ def measure_raw(messages: list[BenchMessage], bootstrap: str, topic: str,
     seconds = time.perf_counter() - started
     if remaining or failed:
         raise RuntimeError(f"raw producer: {remaining} undelivered, {len(failed)} failed")
-    return Measurement(RAW, len(messages), None, seconds)
+    return Measurement(RAW, len(messages), None, seconds, load_1m=os.getloadavg()[0])
 
 
 def _database_url(using: str) -> str:
@@ -176,7 +230,7 @@ def _database_url(using: str) -> str:
 class RelayJob:
     database_url: str
     bootstrap: str
-    batch_size: int
+    batch: BatchSpec
     linger_ms: int
 
 
@@ -191,11 +245,10 @@ def _relay_process(job: RelayJob, ready: Any, start: Any, results: Any) -> None:
     from bench.peak_rss import peak_rss_mb
     from core.db import raw_connection
     from core.garbage import relax_garbage_collection
-    from outbox.config import RelaySettings
     from outbox.relay import Relay
 
-    settings = RelaySettings(bootstrap_servers=job.bootstrap, batch_size=job.batch_size,
-                             linger=timedelta(milliseconds=job.linger_ms))
+    settings = job.batch.settings(bootstrap_servers=job.bootstrap,
+                                  linger=timedelta(milliseconds=job.linger_ms))
     relay = Relay(settings)
     raw_connection("default")
     relay.connect()
@@ -207,18 +260,22 @@ def _relay_process(job: RelayJob, ready: Any, start: Any, results: Any) -> None:
     results.put((stats.published, peak_rss_mb()))
 
 
-def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, batch_size: int,
-                  linger_ms: int, relays: int = 1, using: str = "default") -> Measurement:
-    """`relays` relay processes, one pass each, over the messages loaded as outbox rows first
-    (not timed); timed from all processes ready to the last one done."""
+def _fresh_outbox(messages: list[BenchMessage], topic: str, using: str) -> None:
     from django.db import connections
 
     with connections[using].cursor() as cursor:
         cursor.execute("truncate outbox_messages")
     load_outbox((m for m in messages), topic, using)
+
+
+def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, batch: BatchSpec,
+                  linger_ms: int, relays: int = 1, using: str = "default") -> Measurement:
+    """`relays` relay processes, one pass each, over the messages loaded as outbox rows first
+    (not timed); timed from all processes ready to the last one done."""
+    _fresh_outbox(messages, topic, using)
     context = multiprocessing.get_context("spawn")
     ready, start, results = context.Semaphore(0), context.Event(), context.Queue()
-    job = RelayJob(_database_url(using), bootstrap, batch_size, linger_ms)
+    job = RelayJob(_database_url(using), bootstrap, batch, linger_ms)
     processes = [context.Process(target=_relay_process, args=(job, ready, start, results))
                  for _ in range(relays)]
     for process in processes:
@@ -243,10 +300,44 @@ def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, b
         process.join(60)
     if sum(published) != len(messages):
         raise RuntimeError(f"relays published {published} of {len(messages)}")
-    return Measurement(RELAY, len(messages), batch_size, seconds, relays, max(peak_rss))
+    return Measurement(RELAY, len(messages), batch.ceiling, seconds, relays, max(peak_rss),
+                       batch.label, os.getloadavg()[0])
 
 
-def measure_db_floor(messages: list[BenchMessage], batch_size: int,
+def measure_pass(messages: list[BenchMessage], bootstrap: str, topic: str, *, batch: BatchSpec,
+                 linger_ms: int, using: str = "default") -> Measurement:
+    """One `manage.py publish_outbox` pass in a process of its own, with the relay's settings
+    but for `batch` (and the linger, if not the default 5 ms), over the messages loaded as
+    outbox rows first (not timed); timed from before the process starts until it has exited,
+    Python's and Django's start-up, the broker and topic checks, the summary and the prune
+    included. Its peak RSS is its own (bench.peak_rss)."""
+    _fresh_outbox(messages, topic, using)
+    environ = {name: value for name, value in os.environ.items()
+               if not name.startswith(("OUTBOX_", "KAFKA_"))}
+    environ.update(DATABASE_URL=_database_url(using), KAFKA_BOOTSTRAP_SERVERS=bootstrap,
+                   DJANGO_SETTINGS_MODULE="pin_profile.settings", **batch.environ())
+    environ.pop("LOG_LEVEL", None)  # the relay's default logging, to a file
+    if linger_ms != 5:
+        environ["OUTBOX_LINGER"] = f"{linger_ms}ms"
+    with tempfile.TemporaryDirectory(prefix="relay-pass-") as scratch:
+        rss_file, log = Path(scratch) / "rss", Path(scratch) / "log"
+        with log.open("w") as stderr:
+            started = time.perf_counter()
+            done = subprocess.run(
+                [sys.executable, "-m", "bench.peak_rss", str(rss_file), "manage.py",
+                 "publish_outbox"], cwd=ROOT, env=environ, stdout=subprocess.PIPE,
+                stderr=stderr, text=True, check=False)
+            seconds = time.perf_counter() - started
+        published = _PUBLISHED.search(done.stdout)
+        if done.returncode != 0 or published is None or int(published[1]) != len(messages):
+            raise RuntimeError(f"publish_outbox exited {done.returncode}: {done.stdout}\n"
+                               f"{log.read_text()[-2000:]}")
+        rss_mb = float(rss_file.read_text())
+    return Measurement(RELAY_RUN, len(messages), batch.ceiling, seconds, 1, rss_mb,
+                       batch.label, os.getloadavg()[0])
+
+
+def measure_db_floor(messages: list[BenchMessage], batch: BatchSpec,
                      using: str = "default") -> Measurement:
     """The database's share alone: the relay's stream read and position statements (one
     transaction a batch), no Kafka at all."""
@@ -258,8 +349,13 @@ def measure_db_floor(messages: list[BenchMessage], batch_size: int,
     with connections[using].cursor() as cursor:
         cursor.execute("truncate outbox_messages")
     load_outbox(messages, "bench.db-floor", using)
+    from outbox.read_size import ReadSize
+
+    settings = batch.settings()
     store.relax_commit_durability(using)  # as the relay's session does
-    reader = StreamReader(using, batch_size)  # as the relay reads: its own session, one ahead
+    # As the relay reads: its own session, one ahead, its read sizes.
+    reader = StreamReader(using, settings.batch_size,
+                          size=ReadSize.up_to(settings.batch_size, floor=settings.batch_size_min))
     leader_pid = store.try_to_lead(using)  # advance moves the position only for the leader
     assert leader_pid is not None, "a relay is leading on the benchmark's database"  # noqa: S101
     after = store.read_position(using)
@@ -273,15 +369,20 @@ def measure_db_floor(messages: list[BenchMessage], batch_size: int,
     seconds = time.perf_counter() - started
     store.resign(using)
     reader.close()
-    return Measurement(DB_ONLY, len(messages), batch_size, seconds)
+    return Measurement(DB_ONLY, len(messages), batch.ceiling, seconds, batch=batch.label,
+                       load_1m=os.getloadavg()[0])
 
 
-def measure(events: list[int], *, batch_size: int = 5000, relays: list[int] | None = None,
-            linger_ms: int = 5, using: str = "default",
-            bootstrap: str | None = None) -> list[Measurement]:
-    """Per event count: the raw producer, the relay with each number of processes, and the
-    database alone; each Kafka line on a fresh topic of one mock cluster (or of the broker at
-    `bootstrap`)."""
+def measure(events: list[int], *, batch_size: int | None = None,
+            batches: list[BatchSpec] | None = None, relays: list[int] | None = None,
+            whole_pass: bool = False, db_floor: bool = True, linger_ms: int = 5,
+            using: str = "default", bootstrap: str | None = None) -> list[Measurement]:
+    """Per event count: the raw producer; per batch size (`batches`, or `batch_size` as a
+    ceiling, or the relay's defaults), the relay with each number of processes (start-up
+    excluded) and, with `whole_pass`, a `publish_outbox` pass (start-up included); and the
+    database alone (the first batch size). Each Kafka line on a fresh topic of one mock cluster
+    (or of the broker at `bootstrap`)."""
+    specs = batches or [BatchSpec(batch_size) if batch_size else BatchSpec()]
     from core.garbage import relax_garbage_collection
     from devtools.mock_kafka import MockKafkaCluster
 
@@ -296,27 +397,34 @@ def measure(events: list[int], *, batch_size: int = 5000, relays: list[int] | No
             raw_topic = f"bench.raw.{run}.{count}"
             _warm_up(servers, raw_topic)
             results.append(measure_raw(messages, servers, raw_topic, linger_ms))
-            for processes in relays or [1, 2]:
-                topic = f"bench.relay.{run}.{count}.{processes}"
-                _warm_up(servers, topic)
-                results.append(measure_relay(messages, servers, topic, batch_size=batch_size,
-                                             linger_ms=linger_ms, relays=processes,
-                                             using=using))
-            results.append(measure_db_floor(messages, batch_size, using))
+            for number, batch in enumerate(specs):
+                if whole_pass:
+                    topic = f"bench.pass.{run}.{count}.{number}"
+                    _warm_up(servers, topic)
+                    results.append(measure_pass(messages, servers, topic, batch=batch,
+                                                linger_ms=linger_ms, using=using))
+                for processes in [1, 2] if relays is None else relays:
+                    topic = f"bench.relay.{run}.{count}.{number}.{processes}"
+                    _warm_up(servers, topic)
+                    results.append(measure_relay(messages, servers, topic, batch=batch,
+                                                 linger_ms=linger_ms, relays=processes,
+                                                 using=using))
+            if db_floor:
+                results.append(measure_db_floor(messages, specs[0], using))
     return results
 
 
 def table(results: list[Measurement]) -> str:
     raw = {r.events: r.per_second for r in results if r.name == RAW}
-    lines = [f"{'what':<31} {'events':>8} {'relays':>6} {'batch':>6} {'seconds':>8} "
-             f"{'events/s':>10} {'vs raw':>7} {'RSS MB':>7}"]
+    lines = [f"{'what':<32} {'events':>8} {'relays':>6} {'batch':>10} {'seconds':>8} "
+             f"{'events/s':>10} {'vs raw':>7} {'RSS MB':>7} {'load':>5}"]
     for r in results:
-        batch = "-" if r.batch_size is None else str(r.batch_size)
         relays = "-" if r.relays is None else str(r.relays)
         share = f"{r.per_second / raw[r.events]:>6.0%}" if r.events in raw else "     -"
         rss = "-" if r.peak_rss_mb is None else f"{r.peak_rss_mb:.0f}"
-        lines.append(f"{r.name:<31} {r.events:>8} {relays:>6} {batch:>6} {r.seconds:>8.2f} "
-                     f"{r.per_second:>10,.0f} {share:>7} {rss:>7}")
+        load = "-" if r.load_1m is None else f"{r.load_1m:.1f}"
+        lines.append(f"{r.name:<32} {r.events:>8} {relays:>6} {r.batch:>10} {r.seconds:>8.2f} "
+                     f"{r.per_second:>10,.0f} {share:>7} {rss:>7} {load:>5}")
     return "\n".join(lines)
 
 
@@ -335,8 +443,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, action="append",
                         help="events per measurement, repeatable (default: 100000 and 1000000)")
     parser.add_argument("--relays", type=int, action="append",
-                        help="relay processes at once, repeatable (default: 1 and 2)")
-    parser.add_argument("--batch-size", type=int, default=5000)
+                        help="relay processes at once, repeatable (default: 1 and 2; 0: no "
+                        "in-process relay line, with --pass)")
+    parser.add_argument("--batch-size", type=BatchSpec.parse, action="append",
+                        metavar="default|N|N-fixed",
+                        help="the relay's read sizes, repeatable (default: default, the "
+                        "relay's own: reads from 100 rows growing up to 5,000)")
+    parser.add_argument("--pass", dest="whole_pass", action="store_true",
+                        help="also time a whole publish_outbox pass per batch size, start-up "
+                        "included, in a process of its own")
+    parser.add_argument("--db-floor", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure the database alone (default: yes)")
     parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--bootstrap", metavar="HOST:PORT",
@@ -353,13 +470,16 @@ def main(argv: list[str] | None = None) -> int:
 
     django.setup()
     call_command("migrate", verbosity=0)
-    results = measure(args.events or [100_000, 1_000_000], batch_size=args.batch_size,
-                      relays=args.relays or [1, 2], linger_ms=args.linger_ms,
-                      bootstrap=args.bootstrap)
+    relays = [n for n in args.relays or [1, 2] if n > 0]
+    load_before = " ".join(f"{n:.1f}" for n in os.getloadavg())
+    results = measure(args.events or [100_000, 1_000_000],
+                      batches=args.batch_size or [BatchSpec()], relays=relays,
+                      whole_pass=args.whole_pass, db_floor=args.db_floor,
+                      linger_ms=args.linger_ms, bootstrap=args.bootstrap)
     broker = f"the broker at {args.bootstrap}" if args.bootstrap else "mock cluster of 3 brokers"
     load = " ".join(f"{n:.1f}" for n in os.getloadavg())
     print(f"relay benchmark: {broker}, linger {args.linger_ms} ms, {os.cpu_count()} cores, "
-          f"load average at the end {load}")
+          f"load average at the start {load_before}, at the end {load}")
     print(table(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from core.config import (
     parse_flag,
     parse_positive_int,
 )
+from outbox.read_size import MIN_READ_ROWS
 
 BOOTSTRAP_VAR = "KAFKA_BOOTSTRAP_SERVERS"
 PROPERTIES_VAR = "KAFKA_PRODUCER_CONFIG"
@@ -70,7 +71,10 @@ class RelaySettings(Settings):
     """What the relay needs; docs/outbox-relay.md explains each value."""
 
     bootstrap_servers: str = ""
-    batch_size: int = 500
+    # The most rows a batch reads; the stream's reads start at `batch_size_min` (or at
+    # `batch_size`, if it is smaller) and grow while a backlog drains (outbox.read_size).
+    batch_size: int = 5000
+    batch_size_min: int = MIN_READ_ROWS
     poll_interval: timedelta = timedelta(seconds=2)
     retention: timedelta = timedelta(days=7)
     max_attempts: int = 5
@@ -107,6 +111,7 @@ def parse_bootstrap(name: str, raw: str) -> str:
 VARIABLES: dict[str, tuple[str, Parser[Any]]] = {
     BOOTSTRAP_VAR: ("bootstrap_servers", parse_bootstrap),
     "OUTBOX_BATCH_SIZE": ("batch_size", parse_positive_int),
+    "OUTBOX_BATCH_SIZE_MIN": ("batch_size_min", parse_positive_int),
     "OUTBOX_POLL_INTERVAL": ("poll_interval", parse_duration),
     "OUTBOX_RETENTION": ("retention", parse_duration),
     "OUTBOX_MAX_ATTEMPTS": ("max_attempts", parse_positive_int),
@@ -217,13 +222,20 @@ def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True) 
         extra_properties=() if raw_properties is None
         else parse_properties(PROPERTIES_VAR, raw_properties),
     )
-    validate(settings)
+    validate(settings, batch_size_min_set=env.raw("OUTBOX_BATCH_SIZE_MIN") is not None)
     return settings
 
 
-def validate(settings: RelaySettings) -> None:
-    """Cross-field rules: backoff must be a range, the statistics interval bounded (the batch
-    size is bounded by its parser, parse_positive_int)."""
+def validate(settings: RelaySettings, *, batch_size_min_set: bool = False) -> None:
+    """Cross-field rules: backoff must be a range, the statistics interval bounded, a smallest
+    read set no larger than the largest (each batch size is bounded by its parser,
+    parse_positive_int; the default smallest read yields to a smaller OUTBOX_BATCH_SIZE)."""
+    if batch_size_min_set and settings.batch_size_min > settings.batch_size:
+        raise ConfigError(
+            "OUTBOX_BATCH_SIZE_MIN",
+            f"must be at most OUTBOX_BATCH_SIZE ({settings.batch_size}), "
+            f"got {settings.batch_size_min}",
+        )
     if settings.backoff_max < settings.backoff_initial:
         raise ConfigError(
             "OUTBOX_BACKOFF_MAX",

@@ -1,7 +1,8 @@
 """The stream's reads, on a database session of their own (docs/outbox-relay.md, "One
 batch"): set up to read in index order (query `stream_reader_session`), and able to read the
 next batch ahead, on a thread of its own, while the relay produces the current one, so that
-PostgreSQL's work and the wire overlap the relay's.
+PostgreSQL's work and the wire overlap the relay's. How many rows a read asks for adapts to the
+stream (outbox.read_size: small while it is nearly caught up, growing while a backlog drains).
 
 Only reads run here (nothing is written, no lock is taken); the relay's own session keeps the
 lead, moves the position and runs everything else. A read started after a position that is no
@@ -22,6 +23,7 @@ import psycopg
 
 from core.db import DatabaseErrors, new_session
 from outbox import store
+from outbox.read_size import ReadSize
 
 
 class Leader(Protocol):
@@ -33,17 +35,20 @@ class Leader(Protocol):
 
 
 class StreamReader:
-    """Reads of the stream for one relay, at most one ahead; with a `leader`, only on the
-    server it leads on."""
+    """Reads of the stream for one relay, at most one ahead, each of `size.rows` rows at most
+    (up to `batch_size`); with a `leader`, only on the server it leads on."""
 
-    def __init__(self, using: str, batch_size: int, *, leader: Leader | None = None) -> None:
+    def __init__(self, using: str, batch_size: int, *, leader: Leader | None = None,
+                 size: ReadSize | None = None) -> None:
         self.using = using
         self.batch_size = batch_size
+        self.size = size or ReadSize.up_to(batch_size)
         self._leader = leader
         self._session: psycopg.Connection[Any] | None = None
         self._server: store.Server | None = None  # the server the session reached
         self._pool: ThreadPoolExecutor | None = None
-        self._ahead: tuple[store.Position, Future[store.Read]] | None = None
+        # A read started ahead: where it starts, the rows it asked for, the read.
+        self._ahead: tuple[store.Position, int, Future[store.Read]] | None = None
 
     def _connection(self) -> psycopg.Connection[Any]:
         """The reader's session: connected like the alias's, in the same role, to the server the
@@ -73,10 +78,16 @@ class StreamReader:
         leading = self._leader.confirm_server() if confirm else None
         return leading is not None and self._server.is_the_same_primary_as(leading)
 
-    def _read(self, after: store.Position,
+    def _read(self, after: store.Position, rows: int,
               session: psycopg.Connection[Any] | None = None) -> store.Read:
-        return store.read_stream(session or self._connection(), batch_size=self.batch_size,
-                                    after=after)
+        return store.read_stream(session or self._connection(), batch_size=rows, after=after)
+
+    def _sized(self, asked: int, read: store.Read) -> store.Read:
+        """The read, its outcome told to the read size (a read nobody takes is not)."""
+        messages = read.messages
+        self.size.observe(asked, len(messages),
+                          sum(len(m.payload) + len(m.headers) for m in messages))
+        return read
 
     def read_ahead(self, after: store.Position) -> None:
         """Start reading the batch after `after` in the background (the session is opened
@@ -85,7 +96,8 @@ class StreamReader:
         session = self._connection()
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="outbox-reader")
-        self._ahead = (after, self._pool.submit(self._read, after, session))
+        rows = self.size.rows
+        self._ahead = (after, rows, self._pool.submit(self._read, after, rows, session))
 
     def read(self, after: store.Position) -> store.Read:
         """The batch after `after`: the read started ahead if it was for there, else now. A
@@ -93,10 +105,11 @@ class StreamReader:
         ahead, self._ahead = self._ahead, None
         try:
             if ahead is not None and ahead[0] == after:
-                return ahead[1].result()
+                return self._sized(ahead[1], ahead[2].result())
             if ahead is not None:
-                self._wait(ahead[1])
-            return self._read(after)
+                self._wait(ahead[2])
+            rows = self.size.rows
+            return self._sized(rows, self._read(after, rows))
         except DatabaseErrors:
             self._close_session()
             raise
@@ -105,7 +118,7 @@ class StreamReader:
         """Forget a read started ahead (waiting for it to end: one read at a time)."""
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            self._wait(ahead[1])
+            self._wait(ahead[2])
 
     def _wait(self, future: "Future[store.Read]") -> None:
         """Wait for a read nobody wants any more; a session it failed on is dropped."""

@@ -487,9 +487,12 @@ def requeue_parked(using: str, ids: Sequence[uuid.UUID] | None) -> list[uuid.UUI
 
 
 def backlog(using: str) -> Backlog:
-    """The outbox backlog now (one aggregate row)."""
+    """The outbox backlog now (one aggregate row), the stream's part after the position read
+    first (rows a relay publishes between the two statements are counted as waiting once
+    more: a gauge's moment)."""
+    after_txid, after_seq = read_position(using)
     with server_cursor(using) as cur:
-        cur.execute(QUERIES["outbox_backlog"])
+        cur.execute(QUERIES["outbox_backlog"], {"after_txid": after_txid, "after_seq": after_seq})
         unpublished, parked, oldest_created_at, oldest_age_s = one(cur)
     return Backlog(int(unpublished), int(parked), oldest_created_at,
                    None if oldest_age_s is None else float(oldest_age_s))

@@ -277,19 +277,25 @@ returning id;
 -- rows not parked); parked rows are not waiting, they are counted apart; the oldest is the
 -- head of the stream or the oldest waiting slow-lane row, whichever is older (null when none).
 -- It reads the view's lane, state, txid, seq and created_at only (all the worker's role may
--- read, so that its metrics server can serve it).
-select (select count(*) from outbox_message_states s
-        where s.state = 'waiting') as unpublished,
+-- read, so that its metrics server can serve it). The view's stream-waiting rows (after the
+-- position, not detoured) are read here after the position the caller read just before
+-- (query read_position): given it, the planner sees how few rows lie after it; through the
+-- view it guesses a third of the table and counts by scanning all of it (issue 33: 130 to
+-- 160 ms on 200,000 to 400,000 rows kept after a pass that left none waiting, 0.04 ms so).
+select (select count(*) from outbox_messages m
+        where (m.txid, m.seq) > (%(after_txid)s::xid8, %(after_seq)s::bigint)
+          and m.detoured_at is null)
+       + (select count(*) from outbox_message_states s
+          where s.lane = 'slow' and s.state = 'waiting') as unpublished,
        (select count(*) from outbox_message_states s
         where s.lane = 'slow' and s.state = 'parked') as parked,
        o.created_at as oldest_created_at,
        extract(epoch from now() - o.created_at) as oldest_age_s
 from (select least(
-          -- the view's stream-waiting rows, in index order: an ordered lookup cannot go
-          -- through the view's union (it would sort every waiting row)
+          -- the stream's head, in index order: an ordered lookup cannot go through the
+          -- view's union (it would sort every waiting row)
           (select m.created_at from outbox_messages m
-           where (m.txid, m.seq) > ((select p.txid from outbox_relay_position p),
-                                    (select p.seq from outbox_relay_position p))
+           where (m.txid, m.seq) > (%(after_txid)s::xid8, %(after_seq)s::bigint)
              and m.detoured_at is null
            order by m.txid, m.seq
            limit 1),

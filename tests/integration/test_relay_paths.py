@@ -215,9 +215,9 @@ class ObservedReader(StreamReader):
 
     finished: ClassVar[list[store.Position]] = []
 
-    def _read(self, after: store.Position,
+    def _read(self, after: store.Position, rows: int,
               session: psycopg.Connection[Any] | None = None) -> store.Read:
-        read = super()._read(after, session)
+        read = super()._read(after, rows, session)
         self.finished.append(after)
         return read
 

@@ -19,6 +19,10 @@ from outbox.config import RelaySettings, load_relay_settings
         ({"OUTBOX_BATCH_SIZE": "0"}, "OUTBOX_BATCH_SIZE"),
         ({"OUTBOX_BATCH_SIZE": "many"}, "OUTBOX_BATCH_SIZE"),
         ({"OUTBOX_BATCH_SIZE": "1000000"}, "OUTBOX_BATCH_SIZE"),
+        ({"OUTBOX_BATCH_SIZE_MIN": "0"}, "OUTBOX_BATCH_SIZE_MIN"),
+        ({"OUTBOX_BATCH_SIZE_MIN": "few"}, "OUTBOX_BATCH_SIZE_MIN"),
+        ({"OUTBOX_BATCH_SIZE_MIN": "6000"}, "OUTBOX_BATCH_SIZE_MIN"),
+        ({"OUTBOX_BATCH_SIZE": "500", "OUTBOX_BATCH_SIZE_MIN": "501"}, "OUTBOX_BATCH_SIZE_MIN"),
         ({"OUTBOX_POLL_INTERVAL": "0s"}, "OUTBOX_POLL_INTERVAL"),
         ({"OUTBOX_RETENTION": "a week"}, "OUTBOX_RETENTION"),
         ({"OUTBOX_MAX_ATTEMPTS": "-1"}, "OUTBOX_MAX_ATTEMPTS"),
@@ -44,7 +48,8 @@ def test_bad_configuration_names_the_variable(environ: dict[str, str], variable:
 def test_configuration_defaults() -> None:
     settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": " k1:9092, k2:9092 "})
     assert settings == RelaySettings(bootstrap_servers="k1:9092,k2:9092")
-    assert settings.retention == timedelta(days=7) and settings.batch_size == 500
+    assert settings.retention == timedelta(days=7)
+    assert (settings.batch_size, settings.batch_size_min) == (5000, 100)
     assert settings.outage_log_interval == timedelta(seconds=60)
     assert settings.statistics_interval == timedelta(seconds=15)
 
@@ -67,3 +72,20 @@ def test_the_outage_and_statistics_intervals_are_read() -> None:
                                     "OUTBOX_STATISTICS_INTERVAL": "500ms"})
     assert settings.outage_log_interval == timedelta(minutes=5)
     assert settings.statistics_interval == timedelta(milliseconds=500)
+
+
+@pytest.mark.parametrize(
+    ("environ", "sizes"),
+    [
+        # An operator's OUTBOX_BATCH_SIZE is the largest read; below the default smallest read
+        # it is the only one (a small setting keeps its meaning).
+        ({"OUTBOX_BATCH_SIZE": "500"}, (500, 100)),
+        ({"OUTBOX_BATCH_SIZE": "50"}, (50, 100)),
+        # Both set alike: the fixed read size of the releases before issue 33.
+        ({"OUTBOX_BATCH_SIZE": "500", "OUTBOX_BATCH_SIZE_MIN": "500"}, (500, 500)),
+        ({"OUTBOX_BATCH_SIZE_MIN": "20"}, (5000, 20)),
+    ],
+)
+def test_the_batch_sizes_an_operator_sets(environ: dict[str, str], sizes: tuple[int, int]) -> None:
+    settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": "k1:9092", **environ})
+    assert (settings.batch_size, settings.batch_size_min) == sizes

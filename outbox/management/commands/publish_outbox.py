@@ -54,7 +54,9 @@ class Command(ProjectCommand):
         parser.add_argument("--loop", action="store_true",
                             help="publish continuously until SIGTERM/SIGINT")
         parser.add_argument("--batch-size", metavar="N",
-                            help="rows per batch (overrides OUTBOX_BATCH_SIZE)")
+                            help="the most rows a batch reads (overrides OUTBOX_BATCH_SIZE; "
+                            "reads start at OUTBOX_BATCH_SIZE_MIN, default 100, and grow while "
+                            "a backlog drains)")
         parser.add_argument("--held-bound", metavar="DURATION", default="60s",
                             help="one pass: how long to wait for rows held back by a "
                             "transaction open on the database server before exiting 1 "

@@ -1,0 +1,162 @@
+"""Relay latency benchmark (issue 33): how long an event waits from its insert to its recorded,
+acknowledged delivery while the stream is nearly caught up, for the relay's read sizes.
+
+    python bench/relay_latency.py [--batch-size default --batch-size 5000-fixed]
+                                  [--shape trickle --shape bursts] [--seconds 8] [--json PATH]
+
+For each shape and batch size (as bench/relay_bench.py reads them: `default`, `N`, `N-fixed`):
+a `manage.py publish_outbox --loop` process with the relay's settings but for the batch size,
+on librdkafka's mock cluster (3 brokers, in this process), while this process writes outbox
+rows for `--seconds`: `trickle` 10 rows every 10 ms, `bursts` 500 rows every 500 ms (a cycle's
+batch of owners), each write one transaction whose rows carry the time of the insert. Then it
+waits for the relay to catch up, stops it (SIGTERM) and reads each row's latency from the
+database: `outbox_published_at(row) - created_at` (the batch's record after the broker's
+acknowledgement). Prints the percentiles; creates a fresh database (BENCH_DATABASE_URL, as
+relay_bench does).
+"""
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bench.relay_bench import BatchSpec
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SHAPES = {"trickle": (10, 0.010), "bursts": (500, 0.500)}  # rows a write, seconds between
+
+
+@dataclass(frozen=True)
+class Latency:
+    shape: str
+    batch: str
+    events: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    max_ms: float
+    mean_ms: float
+    batches: int
+    load_1m: float
+
+
+def _relay_loop(url: str, bootstrap: str, batch: "BatchSpec",
+                log: Path) -> subprocess.Popen[str]:
+    environ = {name: value for name, value in os.environ.items()
+               if not name.startswith(("OUTBOX_", "KAFKA_", "METRICS_"))}
+    environ.update(DATABASE_URL=url, KAFKA_BOOTSTRAP_SERVERS=bootstrap,
+                   DJANGO_SETTINGS_MODULE="pin_profile.settings", **batch.environ())
+    with log.open("w") as output:
+        return subprocess.Popen([sys.executable, "manage.py", "publish_outbox", "--loop"],
+                                cwd=ROOT, env=environ, stdout=output, stderr=subprocess.STDOUT,
+                                text=True)
+
+
+def _waiting(cursor: Any) -> int:
+    cursor.execute("select count(*) from outbox_messages m where outbox_published_at(m) is null")
+    return int(cursor.fetchone()[0])
+
+
+def measure_latency(shape: str, batch: "BatchSpec", bootstrap: str, topic: str, *, seconds: float,
+                    seed: int, start_s: float = 3.0) -> Latency:
+    """One shape's latencies with one batch size; the relay gets `start_s` to start and lead
+    first."""
+    from django.db import connection
+
+    from bench.relay_bench import _database_url, bench_messages, load_outbox
+
+    rows, every = SHAPES[shape]
+    with connection.cursor() as cursor:
+        cursor.execute("truncate outbox_messages")
+    with tempfile.TemporaryDirectory(prefix="relay-latency-") as scratch:
+        relay = _relay_loop(_database_url("default"), bootstrap, batch, Path(scratch) / "log")
+        try:
+            time.sleep(start_s)  # started and leading: its start-up is not what is measured
+            started = time.monotonic()
+            written = 0
+            while time.monotonic() - started < seconds:
+                now = datetime.now(UTC)
+                burst = [replace(m, created_at=now)
+                         for m in bench_messages(rows, topic_seed=seed + written)]
+                load_outbox(burst, topic, analyze=False)
+                written += rows
+                time.sleep(max(0.0, started + written / rows * every - time.monotonic()))
+            deadline = time.monotonic() + 60
+            with connection.cursor() as cursor:
+                while _waiting(cursor) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if _waiting(cursor):
+                    log = (Path(scratch) / "log").read_text()[-2000:]
+                    raise RuntimeError(f"the relay did not catch up: {log}")
+        finally:
+            relay.send_signal(signal.SIGTERM)
+            relay.wait(30)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "select count(*), percentile_cont(array[0.5, 0.95, 0.99]) within group (order by l),"
+            "       max(l), avg(l)"
+            " from (select extract(epoch from outbox_published_at(m) - m.created_at) * 1000 as l"
+            "       from outbox_messages m) x")
+        count, (p50, p95, p99), top, mean = cursor.fetchone()
+        cursor.execute("select count(*) from outbox_relay_batches b"
+                       " where b.published_at >= (select min(created_at) from outbox_messages)")
+        (batches,) = cursor.fetchone()
+    return Latency(shape, batch.label, int(count), round(p50, 1), round(p95, 1), round(p99, 1),
+                   round(float(top), 1), round(float(mean), 1), int(batches),
+                   os.getloadavg()[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--batch-size", action="append", metavar="default|N|N-fixed")
+    parser.add_argument("--shape", choices=sorted(SHAPES), action="append")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from bench.relay_bench import DEFAULT_URL, BatchSpec, _fresh_database, _warm_up
+
+    url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL)
+    _fresh_database(url)
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pin_profile.settings")
+    os.environ.setdefault("LOG_LEVEL", "ERROR")
+    import django
+    from django.core.management import call_command
+
+    from devtools.mock_kafka import MockKafkaCluster
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+    results = []
+    with MockKafkaCluster(3) as cluster:
+        for number, shape in enumerate(args.shape or ["trickle", "bursts"]):
+            for spec in [BatchSpec.parse(b) for b in args.batch_size or ["default", "5000-fixed"]]:
+                topic = f"bench.latency.{shape}.{spec.label.replace(' ', '-')}"
+                _warm_up(cluster.bootstrap_servers, topic)
+                results.append(measure_latency(shape, spec, cluster.bootstrap_servers, topic,
+                                               seconds=args.seconds, seed=(number + 1) << 32))
+    print(f"relay latency: mock cluster of 3 brokers, {os.cpu_count()} cores")
+    print(f"{'shape':<8} {'batch':>10} {'events':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
+          f"{'max ms':>7} {'mean ms':>7} {'batches':>7} {'load':>5}")
+    for r in results:
+        print(f"{r.shape:<8} {r.batch:>10} {r.events:>7} {r.p50_ms:>7} {r.p95_ms:>7} "
+              f"{r.p99_ms:>7} {r.max_ms:>7} {r.mean_ms:>7} {r.batches:>7} {r.load_1m:>5.1f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
