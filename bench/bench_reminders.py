@@ -22,6 +22,10 @@ With `--stale-statistics`, a cold cycle first runs at once on the data just load
 ANALYZE of any table (and autovacuum kept off person_documents meanwhile), as after a bulk
 import; then the tables are analyzed and every phase runs as usual, so that the same run has
 the stale cycle next to the analyzed one (issue 22).
+
+With `--pairs N`, the floor and the cold cycle run N times, alternated (floor, cycle, floor,
+cycle, ...), each pair on the same seeded ledger: each pair's ratio is read within its own
+minutes of the machine, and the pairs show the spread (issue 33).
 """
 
 import argparse
@@ -117,6 +121,7 @@ class BenchConfig:
     bootstrap: str | None = None  # a running broker for the pipeline; None: a mock cluster
     documents_per_owner: int = dataset.DOCUMENTS_PER_OWNER
     stale_statistics: bool = False  # first a cold cycle on the data as loaded, never analyzed
+    pairs: int = 1  # the floor and the cold cycle, alternated this many times
 
     def __post_init__(self) -> None:
         self.database = self.database or f"pin_profile_bench_{self.shape}"
@@ -287,7 +292,8 @@ def _stale_markers(conn: psycopg.Connection[Any]) -> int:
     return int(row[0])
 
 
-def run_floor(conn: psycopg.Connection[Any], config: BenchConfig, as_of: datetime) -> Phase:
+def run_floor(conn: psycopg.Connection[Any], config: BenchConfig, as_of: datetime, *,
+              name: str = "floor (1 SQL statement)") -> Phase:
     seeded = seed_renewed_markers(conn, config, as_of)
     _quiet(conn)
     params = {
@@ -307,7 +313,7 @@ def run_floor(conn: psycopg.Connection[Any], config: BenchConfig, as_of: datetim
     conn.execute(bench_query("save_floor"))
     markers, events_written = int(row[0]), int(row[1])
     due = _one(conn, "select count(distinct document_id) from public.bench_floor_markers")
-    return Phase("floor (1 SQL statement)", seconds, window_documents=int(window[0]),
+    return Phase(name, seconds, window_documents=int(window[0]),
                  due_documents=int(due[0]), markers=markers, markers_rearmed=rearmed,
                  events=events_written,
                  due_per_second=int(due[0]) / seconds if seconds else None, ratio_to_floor=1.0,
@@ -340,6 +346,38 @@ def run_worker_phase(conn: psycopg.Connection[Any], config: BenchConfig, name: s
         status=f"{run.status} (exit {run.returncode})" if run.returncode or run.status != "succeeded"
         else "succeeded",
     ))
+
+
+def run_pairs(conn: psycopg.Connection[Any], config: BenchConfig, as_of: datetime, logs: Path,
+              log: Any) -> tuple[list[Phase], dict[str, int], bool]:
+    """The floor and the cold cycle, `config.pairs` times alternated, each pair on the same
+    seeded ledger: their phases, the first pair's comparison (or the first differing pair's),
+    and whether every pair's worker wrote the floor's markers and events."""
+    phases: list[Phase] = []
+    check: dict[str, int] = {}
+    equal = True
+    for pair in range(1, config.pairs + 1):
+        # Alternated, so that the floor and the cycle meet the same hour of the machine:
+        # each pair's ratio is the one to read, and the pairs show the spread.
+        tag = "" if pair == 1 else f", pair {pair}"
+        log(f"floor{tag} ...")
+        floor = run_floor(conn, config, as_of, name=f"floor{tag} (1 SQL statement)")
+        phases.append(floor)
+        log(f"  {floor.seconds:.1f} s")
+        seeded = seed_renewed_markers(conn, config, as_of)
+        log(f"cold cycle{tag} ({seeded:,} markers of an earlier expiry date to re-arm) ...")
+        phases.append(run_worker_phase(conn, config, f"cold cycle{tag}", as_of=as_of,
+                                       logs=logs, floor=floor))
+        row = _one(conn, bench_query("compare_with_floor"))
+        pair_check = {"markers_differing": int(row[0]), "events_differing": int(row[1]),
+                      "floor_markers": int(row[2]), "floor_events": int(row[3])}
+        pair_equal = not pair_check["markers_differing"] and not pair_check["events_differing"]
+        if pair == 1 or not pair_equal:
+            check = pair_check if pair == 1 else {**pair_check, "pair": pair}
+        equal = equal and pair_equal
+        log(f"  {phases[-1].seconds:.1f} s ({_fmt(phases[-1].ratio_to_floor, '.2f')}x the "
+            f"floor); worker equals floor: {pair_equal} {pair_check}")
+    return phases, check, equal
 
 
 def run_stale_phase(conn: psycopg.Connection[Any], config: BenchConfig, as_of: datetime,
@@ -486,22 +524,12 @@ def run_benchmark(config: BenchConfig, log: Any = print) -> BenchResult | None:
             else None
         if stale is not None:
             phases.append(stale)
-        log("floor ...")
-        floor = run_floor(conn, config, as_of)
-        phases.append(floor)
-        log(f"  {floor.seconds:.1f} s")
-        seeded = seed_renewed_markers(conn, config, as_of)
-        log(f"cold cycle ({seeded:,} markers of an earlier expiry date to re-arm) ...")
-        phases.append(run_worker_phase(conn, config, "cold cycle", as_of=as_of, logs=logs,
-                                       floor=floor))
-        row = _one(conn, bench_query("compare_with_floor"))
-        check = {"markers_differing": int(row[0]), "events_differing": int(row[1]),
-                 "floor_markers": int(row[2]), "floor_events": int(row[3])}
-        equal = check["markers_differing"] == 0 and check["events_differing"] == 0
-        log(f"  {phases[-1].seconds:.1f} s; worker equals floor: {equal} {check}")
+        pairs, check, equal = run_pairs(conn, config, as_of, logs, log)
+        phases += pairs
+        floor = next(p for p in phases if p.name == "floor (1 SQL statement)")
+        cold = next(p for p in phases if p.name == "cold cycle")
         if stale is not None:
             stale.ratio_to_floor = stale.seconds / floor.seconds if floor.seconds else None
-            cold = phases[-1]
             stale.ratio_to_analyzed = stale.seconds / cold.seconds if cold.seconds else None
             row = _one(conn, bench_query("compare_stale_with_floor"))
             check.update(stale_markers_differing=int(row[0]), stale_events_differing=int(row[1]))
@@ -581,6 +609,11 @@ def format_table(result: BenchResult) -> str:
             f"{p.load[0]:>5.2f}  {p.status}"
         )
     lines.append(f"worker equals floor: {result.worker_equals_floor} {result.floor_check}")
+    ratios = [p.ratio_to_floor for p in result.phases
+              if p.name.startswith("cold cycle") and p.ratio_to_floor is not None]
+    if len(ratios) > 1:
+        lines.append("cold cycle / floor, pair by pair: "
+                     + ", ".join(f"{r:.2f}x" for r in ratios) + f" (at most {max(ratios):.2f}x)")
     lines += [f"{p.name}: {_fmt(p.ratio_to_analyzed, '.2f')}x the analyzed cold cycle"
               for p in result.phases if p.ratio_to_analyzed is not None]
     pipeline = [p for p in result.phases if p.name.startswith("pipeline")]
@@ -595,6 +628,13 @@ def format_table(result: BenchResult) -> str:
             f"{_fmt(p.peak_rss_mb, '.0f'):>7} {_fmt(p.worker_cpu_seconds, '.1f'):>6} "
             f"{p.load[0]:>5.2f}  {p.status}" for p in pipeline]
     return "\n".join(lines)
+
+
+def _positive(raw: str) -> int:
+    value = int(raw)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {raw!r}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -627,6 +667,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stale-statistics", action="store_true",
                         help="first a cold cycle at once on the data as loaded, no table "
                              "analyzed; then everything as usual, analyzed")
+    parser.add_argument("--pairs", type=_positive, default=1, metavar="N",
+                        help="run the floor and the cold cycle N times, alternated (each "
+                             "pair's ratio, the spread); default 1")
     parser.add_argument("--bootstrap", metavar="HOST:PORT",
                         help="the pipeline's broker (e.g. Tansu); default: librdkafka's "
                              "mock cluster in this process")
@@ -639,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size, reuse=args.reuse, build_only=args.build_only,
         documents_per_owner=args.documents_per_owner, stale_statistics=args.stale_statistics,
         logs=args.logs, worker_env=dict(item.split("=", 1) for item in args.worker_env),
-        pipeline=args.pipeline, bootstrap=args.bootstrap,
+        pipeline=args.pipeline, bootstrap=args.bootstrap, pairs=args.pairs,
     )
     result = run_benchmark(config)
     if result is None:

@@ -129,9 +129,9 @@ class DueOwners:
         self._pending = []
         rows: list[DueOwner] = []
         for row in chunk:
-            if int(row[2]) == 0:
+            if not row[2]:
                 break
-            rows.append(DueOwner(row[0], row[1], int(row[2]), list(row[5])))
+            rows.append(DueOwner(row[0], row[1], row[2], row[5]))
         self._done = len(rows) < len(chunk) or not chunk
         return rows
 
@@ -198,7 +198,10 @@ def due_owners(
         # setting lasts until then (never into the claims on this connection).
         with conn.transaction():
             conn.execute(QUERIES["due_owners_plan"])
-            cursor.execute(QUERIES["due_owners"], _window_params(window, thresholds, as_of_date))
+            # Binary rows: the owner, the expiry and the ids come as values, no text parsed
+            # (the text rows' parse was 3% of a 1M backlog's cycle, on its critical path).
+            cursor.execute(QUERIES["due_owners"], _window_params(window, thresholds, as_of_date),
+                           binary=True)
         yield DueOwners(cursor)
     finally:
         if not conn.closed:

@@ -82,9 +82,10 @@ owners as (
     from window_documents
     group by owner_user_id
 )
+-- (the census as bigint: a numeric on every row cost the worker a decimal parse an owner)
 select owner_user_id, first_due_expiry, due_documents,
-       sum(window_documents) over () as window_documents,
-       sum(due_documents) over () as window_due_documents,
+       (sum(window_documents) over ())::bigint as window_documents,
+       (sum(due_documents) over ())::bigint as window_due_documents,
        due_document_ids
 from owners
 order by due_documents = 0, first_due_expiry, owner_user_id;

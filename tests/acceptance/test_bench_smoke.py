@@ -8,7 +8,7 @@ import uuid
 import pytest
 from django.db import connection
 
-from bench.bench_reminders import BenchConfig, drop_database, run_benchmark
+from bench.bench_reminders import BenchConfig, drop_database, format_table, run_benchmark
 
 SMOKE_DOCUMENTS = 20_000
 
@@ -26,8 +26,9 @@ def test_benchmark_runs_and_the_worker_equals_the_floor(shape: str) -> None:
     # suffix is kept whole within PostgreSQL's 63-byte names.
     suffix = f"_smoke_{shape}_{uuid.uuid4().hex[:12]}"
     database = connection.settings_dict["NAME"][:63 - len(suffix)] + suffix
+    # backlog: the floor and the cold cycle twice, alternated (--pairs 2)
     config = BenchConfig(shape=shape, documents=SMOKE_DOCUMENTS, server_url=_server_url(),
-                         database=database)
+                         database=database, pairs=2 if shape == "backlog" else 1)
     try:
         result = run_benchmark(config, log=lambda _line: None)
     finally:
@@ -54,6 +55,14 @@ def test_benchmark_runs_and_the_worker_equals_the_floor(shape: str) -> None:
     assert relay.events == relay.events_on_topic == whole.events_on_topic == cold.events
     assert whole.status == "succeeded" and whole.events_per_second
     if shape == "backlog":
+        again, floor_again = phases["cold cycle, pair 2"], phases["floor, pair 2"]
+        assert [p.name for p in result.phases if p.name.startswith(("floor", "cold"))] == [
+            "floor (1 SQL statement)", "cold cycle", "floor, pair 2 (1 SQL statement)",
+            "cold cycle, pair 2"], "the pairs alternate"
+        assert again.status == "succeeded" and again.ratio_to_floor
+        assert (again.markers, again.events) == (floor_again.markers, floor_again.events) == (
+            cold.markers, cold.events)
+        assert "pair by pair" in format_table(result)
         assert cold.window_documents == SMOKE_DOCUMENTS
         assert phases["prune"].markers
     else:
