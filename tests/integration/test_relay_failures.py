@@ -52,10 +52,11 @@ def test_broker_down_pauses_with_backoff_and_everything_goes_out_when_it_is_back
         assert stats.batches <= len(waits) + 1
         ceilings = [min(0.4, 0.05 * 2 ** n) for n in range(len(waits))]
         assert all(c / 2 <= w <= c for w, c in zip(waits, ceilings, strict=False))
-        # Nothing was lost or counted against the messages: no attempt burned, none parked.
+        # Nothing was lost or counted against the messages: no attempt burned, none parked, and
+        # a whole broker away detours nothing (the position waits for it).
         down = outbox_state()
         assert all(r["published_at"] is None and r["attempts"] == 0 and r["parked_at"] is None
-                   for r in down)
+                   and r["detoured_at"] is None for r in down)
         assert stats.published == 0 and stats.released >= 5
 
         kafka.set_up()
@@ -63,9 +64,12 @@ def test_broker_down_pauses_with_backoff_and_everything_goes_out_when_it_is_back
     finally:
         thread.stop_and_join()
 
-    # Published in the stream, in order: the outage detoured nothing and counted no attempt.
-    assert all(r["attempts"] == 0 and r["last_error"] is None and r["detoured_at"] is None
-               for r in outbox_state())
+    # Published in order per key, with no attempt counted. As the broker comes back, a partition
+    # whose leader answers a moment after the others' may have its rows deferred (issue 29:
+    # that partition's outage, not the broker's): detoured with its error, never attempted.
+    after = outbox_state()
+    assert all(r["attempts"] == 0 and r["parked_at"] is None for r in after)
+    assert all(r["last_error"] is None for r in after if r["detoured_at"] is None)
     records = read_topic(kafka.bootstrap_servers)
     assert first_seen_order(records) == {k: [str(i) for i in ids] for k, ids in written.items()}
 
