@@ -526,8 +526,7 @@ def run_benchmark(config: BenchConfig, log: Any = print) -> BenchResult | None:
             phases.append(stale)
         pairs, check, equal = run_pairs(conn, config, as_of, logs, log)
         phases += pairs
-        floor = next(p for p in phases if p.name == "floor (1 SQL statement)")
-        cold = next(p for p in phases if p.name == "cold cycle")
+        floor, cold = pairs[0], pairs[1]  # the first pair's
         if stale is not None:
             stale.ratio_to_floor = stale.seconds / floor.seconds if floor.seconds else None
             stale.ratio_to_analyzed = stale.seconds / cold.seconds if cold.seconds else None

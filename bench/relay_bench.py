@@ -304,6 +304,16 @@ def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, b
                        batch.label, os.getloadavg()[0])
 
 
+def relay_environ(database_url: str, bootstrap: str, batch: BatchSpec, *,
+                  drop: tuple[str, ...] = ("OUTBOX_", "KAFKA_")) -> dict[str, str]:
+    """This process's environment for a relay process of its own: none of its variables
+    that start with `drop`, the database and the brokers given, `batch`'s read sizes."""
+    environ = {name: value for name, value in os.environ.items() if not name.startswith(drop)}
+    environ.update(DATABASE_URL=database_url, KAFKA_BOOTSTRAP_SERVERS=bootstrap,
+                   DJANGO_SETTINGS_MODULE="pin_profile.settings", **batch.environ())
+    return environ
+
+
 def measure_pass(messages: list[BenchMessage], bootstrap: str, topic: str, *, batch: BatchSpec,
                  linger_ms: int, using: str = "default") -> Measurement:
     """One `manage.py publish_outbox` pass in a process of its own, with the relay's settings
@@ -312,10 +322,7 @@ def measure_pass(messages: list[BenchMessage], bootstrap: str, topic: str, *, ba
     Python's and Django's start-up, the broker and topic checks, the summary and the prune
     included. Its peak RSS is its own (bench.peak_rss)."""
     _fresh_outbox(messages, topic, using)
-    environ = {name: value for name, value in os.environ.items()
-               if not name.startswith(("OUTBOX_", "KAFKA_"))}
-    environ.update(DATABASE_URL=_database_url(using), KAFKA_BOOTSTRAP_SERVERS=bootstrap,
-                   DJANGO_SETTINGS_MODULE="pin_profile.settings", **batch.environ())
+    environ = relay_environ(_database_url(using), bootstrap, batch)
     environ.pop("LOG_LEVEL", None)  # the relay's default logging, to a file
     if linger_ms != 5:
         environ["OUTBOX_LINGER"] = f"{linger_ms}ms"
@@ -341,21 +348,15 @@ def measure_db_floor(messages: list[BenchMessage], batch: BatchSpec,
                      using: str = "default") -> Measurement:
     """The database's share alone: the relay's stream read and position statements (one
     transaction a batch), no Kafka at all."""
-    from django.db import connections
 
     from outbox import store
     from outbox.reader import StreamReader
 
-    with connections[using].cursor() as cursor:
-        cursor.execute("truncate outbox_messages")
-    load_outbox(messages, "bench.db-floor", using)
-    from outbox.read_size import ReadSize
-
+    _fresh_outbox(messages, "bench.db-floor", using)
     settings = batch.settings()
     store.relax_commit_durability(using)  # as the relay's session does
     # As the relay reads: its own session, one ahead, its read sizes.
-    reader = StreamReader(using, settings.batch_size,
-                          size=ReadSize.up_to(settings.batch_size, floor=settings.batch_size_min))
+    reader = StreamReader(using, settings.batch_size, size=settings.read_size())
     leader_pid = store.try_to_lead(using)  # advance moves the position only for the leader
     assert leader_pid is not None, "a relay is leading on the benchmark's database"  # noqa: S101
     after = store.read_position(using)

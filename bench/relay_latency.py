@@ -52,14 +52,25 @@ class Latency:
 
 def _relay_loop(url: str, bootstrap: str, batch: "BatchSpec",
                 log: Path) -> subprocess.Popen[str]:
-    environ = {name: value for name, value in os.environ.items()
-               if not name.startswith(("OUTBOX_", "KAFKA_", "METRICS_"))}
-    environ.update(DATABASE_URL=url, KAFKA_BOOTSTRAP_SERVERS=bootstrap,
-                   DJANGO_SETTINGS_MODULE="pin_profile.settings", **batch.environ())
+    from bench.relay_bench import relay_environ
+
+    environ = relay_environ(url, bootstrap, batch, drop=("OUTBOX_", "KAFKA_", "METRICS_"))
     with log.open("w") as output:
         return subprocess.Popen([sys.executable, "manage.py", "publish_outbox", "--loop"],
                                 cwd=ROOT, env=environ, stdout=output, stderr=subprocess.STDOUT,
                                 text=True)
+
+
+def _wait_until_leading(relay: subprocess.Popen[str], log: Path, timeout_s: float) -> None:
+    """Wait until the relay process holds the relays' lock (started and leading: its start-up is
+    not what is measured); raise if it exits or the deadline passes first."""
+    from outbox import store
+
+    deadline = time.monotonic() + timeout_s
+    while store.relay_lock_holder("default") is None:
+        if relay.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"the relay did not lead: {log.read_text()[-2000:]}")
+        time.sleep(0.05)
 
 
 def _waiting(cursor: Any) -> int:
@@ -68,9 +79,9 @@ def _waiting(cursor: Any) -> int:
 
 
 def measure_latency(shape: str, batch: "BatchSpec", bootstrap: str, topic: str, *, seconds: float,
-                    seed: int, start_s: float = 3.0) -> Latency:
-    """One shape's latencies with one batch size; the relay gets `start_s` to start and lead
-    first."""
+                    seed: int, start_s: float = 30.0) -> Latency:
+    """One shape's latencies with one batch size, once the relay leads (it gets `start_s` to
+    start and lead)."""
     from django.db import connection
 
     from bench.relay_bench import _database_url, bench_messages, load_outbox
@@ -81,7 +92,7 @@ def measure_latency(shape: str, batch: "BatchSpec", bootstrap: str, topic: str, 
     with tempfile.TemporaryDirectory(prefix="relay-latency-") as scratch:
         relay = _relay_loop(_database_url("default"), bootstrap, batch, Path(scratch) / "log")
         try:
-            time.sleep(start_s)  # started and leading: its start-up is not what is measured
+            _wait_until_leading(relay, Path(scratch) / "log", start_s)
             started = time.monotonic()
             written = 0
             while time.monotonic() - started < seconds:

@@ -20,7 +20,7 @@ from core.config import (
     parse_flag,
     parse_positive_int,
 )
-from outbox.read_size import MIN_READ_ROWS
+from outbox.read_size import MIN_READ_ROWS, ReadSize
 
 BOOTSTRAP_VAR = "KAFKA_BOOTSTRAP_SERVERS"
 PROPERTIES_VAR = "KAFKA_PRODUCER_CONFIG"
@@ -93,6 +93,11 @@ class RelaySettings(Settings):
     # Publish to a topic that may lose what it acknowledged (outbox.topic): a single-broker
     # development setup only.
     allow_undurable_topic: bool = False
+
+    def read_size(self) -> ReadSize:
+        """The stream's read size for these settings: from `batch_size_min` (at most
+        `batch_size`) up to `batch_size`."""
+        return ReadSize.up_to(self.batch_size, floor=self.batch_size_min)
 
 
 def parse_bootstrap(name: str, raw: str) -> str:

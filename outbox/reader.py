@@ -41,7 +41,6 @@ class StreamReader:
     def __init__(self, using: str, batch_size: int, *, leader: Leader | None = None,
                  size: ReadSize | None = None) -> None:
         self.using = using
-        self.batch_size = batch_size
         self.size = size or ReadSize.up_to(batch_size)
         self._leader = leader
         self._session: psycopg.Connection[Any] | None = None

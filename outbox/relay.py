@@ -36,7 +36,6 @@ from outbox.config import RelaySettings
 from outbox.held import HeldWatch
 from outbox.leadership import Leadership
 from outbox.producer import RelayProducer
-from outbox.read_size import ReadSize
 from outbox.reader import StreamReader
 from outbox.retries import Retries
 from outbox.slow import SlowLane
@@ -85,9 +84,8 @@ class Relay:
         self.heartbeat = heartbeat  # beaten every loop iteration: /healthz of publish_outbox --loop
         self.kafka = RelayProducer(settings, self.relay_id, emit=self._say, stop=self.stop)
         self.leadership = Leadership(using, emit=self._say)
-        self._reader = StreamReader(
-            using, settings.batch_size, leader=self.leadership,
-            size=ReadSize.up_to(settings.batch_size, floor=settings.batch_size_min))
+        self._reader = StreamReader(using, settings.batch_size, leader=self.leadership,
+                                    size=settings.read_size())
         self.retries = Retries(backoff_initial=settings.backoff_initial,
                                backoff_max=settings.backoff_max,
                                outage_log_interval=settings.outage_log_interval,
@@ -245,7 +243,7 @@ class Relay:
 
         self._say(logging.INFO, "relay started", {
             "batch_size": self.settings.batch_size,
-            "batch_size_min": min(self.settings.batch_size_min, self.settings.batch_size),
+            "batch_size_min": self._reader.size.floor,
             "poll_interval_s": self.settings.poll_interval.total_seconds()})
         metrics.set_connected(False)  # until a delivery or the statistics show a broker up
         try:

@@ -37,7 +37,7 @@ def test_relay_latency_benchmark_runs(transactional_db: None, kafka: MockKafkaCl
     every one's delay from insert to recorded delivery."""
     _warm_up(kafka.bootstrap_servers, "bench.latency.smoke")
     result = measure_latency("trickle", BatchSpec(), kafka.bootstrap_servers,
-                             "bench.latency.smoke", seconds=0.3, seed=7 << 32, start_s=2.0)
+                             "bench.latency.smoke", seconds=0.3, seed=7 << 32)
 
     assert result.events > 0 and result.batches > 0
     assert 0 < result.p50_ms <= result.p99_ms <= result.max_ms
