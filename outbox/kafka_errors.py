@@ -55,6 +55,10 @@ PARTITION_UNAVAILABLE_CODES = frozenset({
     KafkaError.KAFKA_STORAGE_ERROR,
 })
 
+# The client stopped waiting (the message's delivery timeout ran out): it says nothing of whether
+# the cluster answers. A partition whose leader is gone, and a broker that died, look the same.
+LOCAL_TIMEOUT_CODES = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT})
+
 # The message can never go out as it is: too large, no such topic, not authorised, invalid.
 UNDELIVERABLE_CODES = frozenset({
     KafkaError.MSG_SIZE_TOO_LARGE,
@@ -117,6 +121,11 @@ def partition_unavailable(error: KafkaError) -> bool:
     """True when `error` says only that the message's partition could not take it now (not the
     producer, not the connection to every broker, not the message)."""
     return not error.fatal() and error.code() in PARTITION_UNAVAILABLE_CODES
+
+
+def local_timeout(error: KafkaError) -> bool:
+    """True when `error` is this client giving up on the message, not any broker's answer."""
+    return error.code() in LOCAL_TIMEOUT_CODES
 
 
 def describe(error: KafkaError) -> str:

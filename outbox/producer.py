@@ -192,18 +192,31 @@ class RelayProducer:
     def check_broker(self) -> bool:
         """Ask the broker for its metadata, up to the delivery timeout: True if it answered;
         a refusal (credentials, TLS handshake) raises KafkaRefusedError."""
+        failure = self._ask_metadata()
+        self.check_refused()
+        if failure is not None:
+            self.outage.failed(describe(failure.args[0]) if failure.args else str(failure))
+            return False
+        self.reached_kafka()
+        return True
+
+    def cluster_answers(self) -> bool:
+        """Whether a broker answers a metadata request now, up to the delivery timeout: asked
+        before a stream batch's timed-out rows are blamed on their partition (docs/outbox-
+        relay.md, "One partition's outage"). Not once stop is set: the rows are read again."""
+        return not self._stop.is_set() and self._ask_metadata() is None
+
+    def _ask_metadata(self) -> KafkaException | None:
+        """One metadata request, up to the delivery timeout: None if a broker answered, else
+        the failure (the error callback, served after it, classifies what happened)."""
         producer = self.producer
         try:
             producer.list_topics(timeout=self.settings.delivery_timeout.total_seconds())
         except KafkaException as exc:
-            self._poll(producer, 0)  # the error callback classifies what happened
-            self.check_refused()
-            self.outage.failed(describe(exc.args[0]) if exc.args else str(exc))
-            return False
-        self._poll(producer, 0)
-        self.check_refused()
-        self.reached_kafka()
-        return True
+            return exc
+        finally:
+            self._poll(producer, 0)
+        return None
 
     def _produce(self, producer: Producer, message: ReadMessage,
                  errors: dict[str, KafkaError], failed: Callable[..., None]) -> None:

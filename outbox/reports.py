@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError
 
-from outbox.kafka_errors import broker_unavailable, partition_unavailable
+from outbox.kafka_errors import broker_unavailable, local_timeout, partition_unavailable
 from outbox.store import ReadMessage
 
 
@@ -44,7 +44,8 @@ class Reports:
 def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaError], *,
                  acked_at: float | None, read_at: float, stop_at_unavailable: bool,
                  unavailable: Callable[[KafkaError], bool] = broker_unavailable,
-                 unsent: Collection[str] = ()) -> Reports:
+                 unsent: Collection[str] = (),
+                 cluster_answers: Callable[[], bool] = lambda: True) -> Reports:
     """Sort `messages` by the `errors` reported for them (by message key: a batch has one row
     per key) and the batch's acknowledgement (`acked_at`, monotonic; None: the batch was not
     acknowledged, so a row without an error report is not known to be delivered). The stream
@@ -59,7 +60,11 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
     a broker that cannot be reached. The slow lane defers such a row whatever the rest did
     (its rows are detoured already: nothing floods, and the stream judges the broker). Rows
     `unsent` (keys: the topic's metadata, read from the cluster, showed their partition unable
-    to take them) say the cluster answers too: a stream batch of only such rows defers them."""
+    to take them) say the cluster answers too: a stream batch of only such rows defers them.
+
+    A row that timed out in this client (`local_timeout`) beside delivered rows may be a broker
+    that died halfway through the batch, not its partition: the stream defers it only if
+    `cluster_answers()` (asked then, once: a metadata request) says a broker answers now."""
     reports = Reports(settled=len(messages))
     if acked_at is not None and not errors and not any(m.held for m in messages):
         reports.delivered = list(messages)  # the usual batch: every row delivered
@@ -68,6 +73,10 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
         sent = [m for m in messages if not m.held and m.key not in unsent]
         answered = acked and (not stop_at_unavailable or not sent
                               or any(m.key not in errors for m in sent))
+        if answered and stop_at_unavailable and any(
+                partition_unavailable(e) and local_timeout(e)
+                for e in (errors[m.key] for m in sent if m.key in errors)):
+            answered = cluster_answers()
         _sort_each(reports, messages, errors, acked=acked, defer=answered,
                    stop_at_unavailable=stop_at_unavailable, unavailable=unavailable)
     if acked_at is not None and reports.delivered:

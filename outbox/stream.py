@@ -186,7 +186,8 @@ class StreamLane:
         self._producer.await_batch(batch)
         reports = sort_reports(batch.read, batch.errors, acked_at=batch.acked_at,
                                read_at=batch.read_at, stop_at_unavailable=True,
-                               unsent=batch.unsent)
+                               unsent=batch.unsent,
+                               cluster_answers=self._producer.cluster_answers)
         detours = [store.Detour(m.id) if error is None else
                    store.Detour(m.id, *self._retries.describe_refusal(m, error))
                    for m, error in reports.detoured]

@@ -6,6 +6,7 @@ counted, and go out in order once it is back; no message is on the topic more th
 a key deferred after its later row was read ahead: that row is held, not sent."""
 
 import logging
+import threading
 from collections import Counter
 from datetime import timedelta
 from typing import Any
@@ -19,6 +20,7 @@ from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from outbox import metrics
 from outbox.outage import PARTITION_FAILING, PARTITION_RESTORED
+from outbox.producer import RelayProducer
 from outbox.relay import Relay
 from tests.integration.test_relay_paths import (
     InThread,
@@ -27,6 +29,7 @@ from tests.integration.test_relay_paths import (
     position_move_waiting,
     position_moves_held,
 )
+from tests.support.clusters import free_port
 from tests.support.mock_controls import set_partition_leader
 from tests.support.partitioner import keys_on, partition_of
 from tests.support.relay_support import (
@@ -199,3 +202,26 @@ def test_a_later_row_read_ahead_before_its_key_was_deferred_is_held_not_sent(
         str(head.id), str(later.id)]
     assert copies_on_topic(kafka.bootstrap_servers) == {
         str(r.id): 1 for r in [head, later, *others]}
+
+
+def test_the_question_before_a_deferral_is_answered_by_a_live_cluster_only(
+        kafka: MockKafkaCluster) -> None:
+    """`RelayProducer.cluster_answers`, asked before timed-out rows are blamed on their
+    partition: a metadata request that a live cluster answers, a dead broker does not (within
+    the delivery timeout), and that is not even asked once stop is set."""
+    stop = threading.Event()
+    said: list[str] = []
+    live = RelayProducer(relay_settings(kafka.bootstrap_servers), "relay-test",
+                         emit=lambda _level, event, _fields: said.append(event), stop=stop)
+    dead = RelayProducer(relay_settings(f"127.0.0.1:{free_port()}",
+                                        delivery_timeout=timedelta(seconds=1)),
+                         "relay-test", emit=lambda *_args: None, stop=stop)
+    try:
+        assert live.cluster_answers()
+        assert not dead.cluster_answers()
+        stop.set()
+        assert not live.cluster_answers()
+        assert said == []  # a question, not an outage report: the batch's record says that
+    finally:
+        live.close()
+        dead.close()

@@ -127,3 +127,61 @@ def test_a_row_kept_back_beside_sent_rows_of_which_none_was_delivered_stops_the_
                            stop_at_unavailable=True, unsent={"key-1"})
 
     assert reports.settled == 0 and not reports.deferred
+
+
+# --- a broker that died halfway through a batch is not one partition's outage ---------------
+
+
+class Probe:
+    """`cluster_answers` for sort_reports: answers `answer`, counts the questions."""
+
+    def __init__(self, answer: bool) -> None:
+        self.answer = answer
+        self.asked = 0
+
+    def __call__(self) -> bool:
+        self.asked += 1
+        return self.answer
+
+
+def test_rows_timed_out_beside_delivered_ones_are_deferred_only_if_the_cluster_answers_now(
+) -> None:
+    errors = {"key-2": TIMED_OUT, "key-4": TIMED_OUT}
+    answers, silent = Probe(True), Probe(False)
+
+    partition = sort_reports(ROWS, errors, acked_at=11.0, read_at=10.0,
+                             stop_at_unavailable=True, cluster_answers=answers)
+    broker = sort_reports(ROWS, errors, acked_at=11.0, read_at=10.0,
+                          stop_at_unavailable=True, cluster_answers=silent)
+
+    assert [m for m, _e in partition.deferred] == [ROWS[1], ROWS[3]] and partition.settled == 4
+    # The broker died after taking row 1: the stream stops before row 2, nothing is deferred.
+    assert broker.delivered == [ROWS[0]] and broker.deferred == [] and broker.settled == 1
+    assert broker.first_unavailable is TIMED_OUT
+    assert answers.asked == 1 and silent.asked == 1  # once a batch, however many rows
+
+
+def test_a_brokers_own_answer_of_a_partition_error_needs_no_question() -> None:
+    no_leader = KafkaError(KafkaError.LEADER_NOT_AVAILABLE)
+    probe = Probe(False)
+    reports = sort_reports(ROWS, {"key-2": NO_REPLICAS, "key-4": no_leader}, acked_at=11.0,
+                           read_at=10.0, stop_at_unavailable=True, cluster_answers=probe)
+
+    assert [m for m, _e in reports.deferred] == [ROWS[1], ROWS[3]]
+    assert probe.asked == 0
+
+
+def test_no_question_where_nothing_would_be_deferred() -> None:
+    probe = Probe(True)
+    sort_reports(ROWS, {}, acked_at=11.0, read_at=10.0, stop_at_unavailable=True,
+                 cluster_answers=probe)  # all delivered
+    sort_reports(ROWS, {"key-2": TIMED_OUT}, acked_at=None, read_at=10.0,
+                 stop_at_unavailable=True, cluster_answers=probe)  # not acknowledged
+    sort_reports(ROWS, {"key-1": TIMED_OUT, "key-2": TIMED_OUT, "key-4": TIMED_OUT},
+                 acked_at=11.0, read_at=10.0, stop_at_unavailable=True,
+                 cluster_answers=probe)  # nothing delivered
+    slow = sort_reports(ROWS, {"key-2": TIMED_OUT}, acked_at=11.0, read_at=10.0,
+                        stop_at_unavailable=False, cluster_answers=probe)
+
+    assert probe.asked == 0
+    assert [m for m, _e in slow.deferred] == [ROWS[1]]  # the slow lane defers whatever
