@@ -7,11 +7,14 @@ a key deferred after its later row was read ahead: that row is held, not sent.""
 
 import logging
 import threading
+import time
+import uuid
 from collections import Counter
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 from django.db import connection
 from prometheus_client import CollectorRegistry
 
@@ -225,3 +228,61 @@ def test_the_question_before_a_deferral_is_answered_by_a_live_cluster_only(
     finally:
         live.close()
         dead.close()
+
+
+def _delivered_from(bootstrap: str, partitions: list[int], count: int,
+                    timeout: float = 30.0) -> set[str]:
+    """The message ids of the first `count` records on `partitions` (read by assignment: the
+    topic's other partitions may have no broker to answer), waited for up to `timeout`."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"t-{uuid.uuid4()}",
+                         "enable.auto.commit": False})
+    consumer.assign([TopicPartition(TOPIC, p, OFFSET_BEGINNING) for p in partitions])
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    try:
+        while len(seen) < count and time.monotonic() < deadline:
+            record = consumer.poll(0.2)
+            if record is not None and record.error() is None:
+                seen.add(dict(record.headers() or [])["message_id"].decode())
+    finally:
+        consumer.close()
+    assert len(seen) >= count, f"only {len(seen)} of {count} records delivered"
+    return seen
+
+
+def test_a_cluster_that_dies_halfway_through_a_batch_is_not_one_partitions_outage(
+    transactional_db: None, kafka: MockKafkaCluster
+) -> None:
+    """Partitions 0 and 1 take their rows, partition 2's leader is down; then, before its row
+    times out, every broker goes down. The batch looks like partition 2's outage (rows
+    delivered beside a timed-out one), but no broker answers: the position stops before that
+    row and nothing is deferred. Once the cluster is back, it goes out through the stream, with
+    no attempt counted (before `cluster_answers`, it was detoured to the slow lane)."""
+    kafka.create_topic(TOPIC, 3, 3)
+    brokers = kafka.broker_ids
+    for partition, broker in enumerate(brokers):
+        set_partition_leader(kafka, TOPIC, partition, broker)
+    rows = [insert_outbox(keys_on(p, 3, 1, "investor")[0], created_at=BASE_TIME)
+            for p in range(3)]
+    taken = {str(rows[0].id), str(rows[1].id)}
+    kafka.set_down(brokers[2])
+    # Long enough that partition 2's row cannot time out before the other brokers are down.
+    settings = relay_settings(kafka.bootstrap_servers, delivery_timeout=timedelta(seconds=8),
+                              backoff_initial=timedelta(milliseconds=300),
+                              backoff_max=timedelta(seconds=1))
+    relay = RelayThread(settings)
+    relay.start()
+    try:
+        assert _delivered_from(kafka.bootstrap_servers, [0, 1], 2) == taken
+        kafka.set_down(brokers[0], brokers[1])
+        wait_for(lambda: published_ids() == taken, timeout=60,
+                 what="the rows the cluster took before it died recorded")
+        assert slow_lane_rows() == []  # partition 2's row stays in the stream
+
+        kafka.set_up(*brokers)
+        wait_for(lambda: len(published_ids()) == 3, timeout=60,
+                 what="partition 2's row delivered once the cluster is back")
+    finally:
+        relay.stop_and_join()
+    assert slow_lane_rows() == []
+    assert {(r["attempts"], r["last_error"]) for r in outbox_state()} == {(0, None)}
