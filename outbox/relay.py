@@ -161,7 +161,8 @@ class Relay:
         """Check that the broker answers, publish until nothing is deliverable (or the broker
         is unavailable), then prune; a relay that finds another one leading publishes nothing
         (that one does). Rows held back by a transaction open on the server are waited for up
-        to `held_bound_s`; if they are still held then, `stats.held_for_s` says how long."""
+        to `held_bound_s`; if they are still held then, `stats.held_for_s` says how long.
+        Returns the relay's running totals, over all its passes (one pass a command)."""
         try:
             self.stats.broker_answered = self.check_broker()
             held_since: float | None = None
