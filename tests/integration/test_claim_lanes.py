@@ -179,17 +179,28 @@ def test_the_lane_connects_as_the_cycle_and_closes(
 
 @pytest.mark.parametrize("failing_batch", ["lane", "cycle"])
 def test_a_failed_batch_is_retried_owner_by_owner_while_the_other_lane_commits(
-    run: CycleRunner, documents: Documents, caplog: pytest.LogCaptureFixture,
-    failing_batch: str,
+    run: CycleRunner, documents: Documents, watch: psycopg.Connection[Any],
+    caplog: pytest.LogCaptureFixture, failing_batch: str,
 ) -> None:
     # batch_size 2: batches of two owners; the 1st and 3rd go to the lane, the 2nd and 4th
     # are claimed on the cycle's connection meanwhile
     docs = _owners(1, 2, 3, 4, 5, 6, 8, 9, documents=documents)
     bad = docs[1] if failing_batch == "lane" else docs[3]
     cycle_pid = _cycle_pid()
-    with outbox_refusing(bad.owner_user_id):
-        first = run(AS_OF, batch_size=2, claim_connections=2)
+    counted: list[int] = []
+    with outbox_refusing(bad.owner_user_id), held(docs[0]) as release:
+        def progress(done: int, _total: int) -> None:
+            if not counted:
+                # the cycle's batch is counted (retried first, when it failed) while the lane's
+                # first batch cannot commit: it waits on a held marker until released here
+                counted.append(done)
+                wait_until(lambda: bool(_lanes(watch, cycle_pid, waiting=True)),
+                           timeout=DEADLINE_S, what="the lane's batch waiting on the held marker")
+                release()
 
+        first = run(AS_OF, batch_size=2, claim_connections=2, progress=progress)
+
+    assert counted == [1 if failing_batch == "cycle" else 2]  # the cycle's batch first
     assert (first.status, first.failed_owners, first.owners_notified) == ("partial", 1, 7)
     assert markers(bad.id) == set()
     assert _notified_documents() == sorted(str(d.id) for d in docs if d is not bad)
@@ -198,8 +209,7 @@ def test_a_failed_batch_is_retried_owner_by_owner_while_the_other_lane_commits(
     second = run(AS_OF, claim_connections=2)
     assert (second.status, second.owners_notified) == ("succeeded", 1)
     assert _notified_documents() == sorted(str(d.id) for d in docs)  # each once
-    with _session() as watch:
-        _no_lane_left(watch, cycle_pid)
+    _no_lane_left(watch, cycle_pid)
 
 
 @pytest.mark.parametrize("ending", ["stop", "deadline"])
