@@ -4,9 +4,11 @@ urgency order, per-batch claim and event, owner-by-owner retry on failure, prune
 Owners are the unit: a batch holds whole owners (about `batch_size` documents), commits its
 markers and events together, and on failure is retried owner by owner so that one failing
 owner loses nothing for the others. What each step does to the ledger is `reminders.ledger`'s
-(written, or the dry run's plan). An observer (metrics, tracing, health: see
-`reminders.observe`) is told, in plain values, when the cycle starts, around each batch, and
-when it ends.
+(written, or the dry run's plan). On two claim connections (`REMINDER_CLAIM_CONNECTIONS=2`)
+batches go in pairs, one sent to `reminders.lane`'s connection while the other is claimed on
+the cycle's; every batch is counted here, on the cycle's thread. An observer (metrics,
+tracing, health: see `reminders.observe`) is told, in plain values, when the cycle starts,
+around each batch, and when it ends.
 """
 
 import logging
