@@ -25,7 +25,9 @@ the stale cycle next to the analyzed one (issue 22).
 
 With `--pairs N`, the floor and the cold cycle run N times, alternated (floor, cycle, floor,
 cycle, ...), each pair on the same seeded ledger: each pair's ratio is read within its own
-minutes of the machine, and the pairs show the spread (issue 33).
+minutes of the machine, and the pairs show the spread (issue 33). With `--claim-connections
+1,2` each pair runs a cold cycle per value of REMINDER_CLAIM_CONNECTIONS after its floor
+(floor, one connection, two, floor, ...), each from the same seeded ledger.
 """
 
 import argparse
@@ -122,6 +124,9 @@ class BenchConfig:
     documents_per_owner: int = dataset.DOCUMENTS_PER_OWNER
     stale_statistics: bool = False  # first a cold cycle on the data as loaded, never analyzed
     pairs: int = 1  # the floor and the cold cycle, alternated this many times
+    # REMINDER_CLAIM_CONNECTIONS of each pair's cold cycles, one cycle each after the floor;
+    # empty: one cold cycle a pair, with the worker's environment as given
+    claim_connections: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         self.database = self.database or f"pin_profile_bench_{self.shape}"
@@ -322,10 +327,10 @@ def run_floor(conn: psycopg.Connection[Any], config: BenchConfig, as_of: datetim
 
 def run_worker_phase(conn: psycopg.Connection[Any], config: BenchConfig, name: str, *,
                      as_of: datetime, logs: Path, floor: Phase | None,
-                     analyze: bool = True) -> Phase:
+                     analyze: bool = True, extra_env: dict[str, str] | None = None) -> Phase:
     _quiet(conn, analyze=analyze)
     uses_index, full_scan, plan = explain_candidates(conn, window_params(config, as_of))
-    env = dict(config.worker_env)
+    env = {**config.worker_env, **(extra_env or {})}
     if config.batch_size:
         env["REMINDER_BATCH_SIZE"] = str(config.batch_size)
     activity = _Activity.now(conn)
@@ -364,19 +369,24 @@ def run_pairs(conn: psycopg.Connection[Any], config: BenchConfig, as_of: datetim
         floor = run_floor(conn, config, as_of, name=f"floor{tag} (1 SQL statement)")
         phases.append(floor)
         log(f"  {floor.seconds:.1f} s")
-        seeded = seed_renewed_markers(conn, config, as_of)
-        log(f"cold cycle{tag} ({seeded:,} markers of an earlier expiry date to re-arm) ...")
-        phases.append(run_worker_phase(conn, config, f"cold cycle{tag}", as_of=as_of,
-                                       logs=logs, floor=floor))
-        row = _one(conn, bench_query("compare_with_floor"))
-        pair_check = {"markers_differing": int(row[0]), "events_differing": int(row[1]),
-                      "floor_markers": int(row[2]), "floor_events": int(row[3])}
-        pair_equal = not pair_check["markers_differing"] and not pair_check["events_differing"]
-        if pair == 1 or not pair_equal:
-            check = pair_check if pair == 1 else {**pair_check, "pair": pair}
-        equal = equal and pair_equal
-        log(f"  {phases[-1].seconds:.1f} s ({_fmt(phases[-1].ratio_to_floor, '.2f')}x the "
-            f"floor); worker equals floor: {pair_equal} {pair_check}")
+        for lanes in config.claim_connections or (None,):
+            # each cold cycle of the pair from the same seeded ledger, compared with the floor
+            what = "" if lanes is None else f", {lanes} connection{'s' if lanes > 1 else ''}"
+            seeded = seed_renewed_markers(conn, config, as_of)
+            log(f"cold cycle{tag}{what} ({seeded:,} markers of an earlier expiry date to "
+                "re-arm) ...")
+            phases.append(run_worker_phase(
+                conn, config, f"cold cycle{tag}{what}", as_of=as_of, logs=logs, floor=floor,
+                extra_env=None if lanes is None else {"REMINDER_CLAIM_CONNECTIONS": str(lanes)}))
+            row = _one(conn, bench_query("compare_with_floor"))
+            pair_check = {"markers_differing": int(row[0]), "events_differing": int(row[1]),
+                          "floor_markers": int(row[2]), "floor_events": int(row[3])}
+            pair_equal = not pair_check["markers_differing"] and not pair_check["events_differing"]
+            if (pair == 1 and not check) or not pair_equal:
+                check = pair_check if pair == 1 else {**pair_check, "pair": pair}
+            equal = equal and pair_equal
+            log(f"  {phases[-1].seconds:.1f} s ({_fmt(phases[-1].ratio_to_floor, '.2f')}x the "
+                f"floor); worker equals floor: {pair_equal} {pair_check}")
     return phases, check, equal
 
 
@@ -636,6 +646,13 @@ def _positive(raw: str) -> int:
     return value
 
 
+def _claim_connections(raw: str) -> tuple[int, ...]:
+    values = tuple(int(part) for part in raw.split(","))
+    if not values or any(v not in (1, 2) for v in values):
+        raise argparse.ArgumentTypeError(f"expected values of 1 or 2, like 1,2; got {raw!r}")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--shape", choices=dataset.SHAPES, default="backlog")
@@ -669,6 +686,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=_positive, default=1, metavar="N",
                         help="run the floor and the cold cycle N times, alternated (each "
                              "pair's ratio, the spread); default 1")
+    parser.add_argument("--claim-connections", type=_claim_connections, default=(),
+                        metavar="N[,N]",
+                        help="each pair's cold cycles, one per value of "
+                             "REMINDER_CLAIM_CONNECTIONS after the floor (e.g. 1,2)")
     parser.add_argument("--bootstrap", metavar="HOST:PORT",
                         help="the pipeline's broker (e.g. Tansu); default: librdkafka's "
                              "mock cluster in this process")
@@ -682,6 +703,7 @@ def main(argv: list[str] | None = None) -> int:
         documents_per_owner=args.documents_per_owner, stale_statistics=args.stale_statistics,
         logs=args.logs, worker_env=dict(item.split("=", 1) for item in args.worker_env),
         pipeline=args.pipeline, bootstrap=args.bootstrap, pairs=args.pairs,
+        claim_connections=args.claim_connections,
     )
     result = run_benchmark(config)
     if result is None:

@@ -26,17 +26,36 @@ def raw_connection(using: str) -> psycopg.Connection[Any]:
     return conn  # type: ignore[no-any-return]
 
 
+def session_role(using: str) -> str:
+    """The role this thread's session of the alias works as now (`current_user`: a process
+    that SET ROLE is in that role)."""
+    row = raw_connection(using).execute("select current_user").fetchone()
+    if row is None:
+        raise psycopg.ProgrammingError("the statement returned no row")
+    return str(row[0])
+
+
+def _enter_role(session: psycopg.Connection[Any], role: str) -> None:
+    if role != session.info.user:
+        session.execute(psycopg.sql.SQL("set role {}").format(psycopg.sql.Identifier(role)))
+
+
+def join_role(using: str, role: str) -> None:
+    """This thread's session of the alias (connected with the alias's settings) works as `role`,
+    as another thread's does (`session_role` there)."""
+    _enter_role(raw_connection(using), role)
+
+
 def new_session(using: str, *setup: str) -> psycopg.Connection[Any]:
     """A new autocommit session connected like the alias's, in the role the alias's session
     is in now (a process that SET ROLE works as that role here too), set up by the `setup`
     statements (run last)."""
-    role = raw_connection(using).execute("select current_user").fetchone()
+    role = session_role(using)
     wrapper = connections[using]
     session: psycopg.Connection[Any] = wrapper.get_new_connection(wrapper.get_connection_params())
     try:
         session.autocommit = True
-        if role is not None and role[0] != session.info.user:
-            session.execute(psycopg.sql.SQL("set role {}").format(psycopg.sql.Identifier(role[0])))
+        _enter_role(session, role)
         for statement in setup:
             session.execute(statement.encode())
     except BaseException:

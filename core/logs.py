@@ -49,9 +49,11 @@ def leave_stop_signals_to_the_main_thread() -> None:
 
 
 def log_event(
-    logger: logging.Logger, level: int, event: str, *, exc_info: bool = False, **fields: Any
+    logger: logging.Logger, level: int, event: str, *,
+    exc_info: bool | BaseException | None = False, **fields: Any
 ) -> None:
-    """Log `event` with structured `fields` (ids, counts, thresholds; never PII)."""
+    """Log `event` with structured `fields` (ids, counts, thresholds; never PII); `exc_info`
+    as logging's (True: the exception being handled, or an exception caught earlier)."""
     if logger.isEnabledFor(level):
         logger.log(level, event, extra={_FIELDS: fields}, exc_info=exc_info, stacklevel=2)
 

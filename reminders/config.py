@@ -40,6 +40,9 @@ class ReminderSettings(Settings):
     # The loop's wait after consecutive failures: doubling from the first, up to the cap.
     backoff_initial: timedelta = timedelta(seconds=1)
     backoff_max: timedelta = timedelta(minutes=5)
+    # Connections a cycle claims on: 2 keeps a batch in flight on a second connection while
+    # the cycle's own claims the next (docs/design.md §3.8); 1 claims on the cycle's only.
+    claim_connections: int = 2
 
     @property
     def max_silence(self) -> timedelta:
@@ -75,6 +78,17 @@ def parse_thresholds(name: str, raw: str) -> tuple[int, ...]:
     return tuple(values)
 
 
+CLAIM_CONNECTIONS = (1, 2)
+
+
+def parse_claim_connections(name: str, raw: str) -> int:
+    """`1` or `2`: the connections a cycle claims on."""
+    text = raw.strip()
+    if not is_whole_number(text) or int(text) not in CLAIM_CONNECTIONS:
+        raise ConfigError(name, f"expected 1 or 2 (the connections a cycle claims on), got {raw!r}")
+    return int(text)
+
+
 def _retention_days(name: str, raw: str) -> int:
     return parse_positive_int(name, raw, allow_zero=True, maximum=MAX_DAYS)
 
@@ -95,6 +109,7 @@ VARIABLES: dict[str, tuple[str, Parser[Any]]] = {
     "REMINDER_RUN_HISTORY_DAYS": ("run_history_days", _history_days),
     "REMINDER_BACKOFF_INITIAL": ("backoff_initial", parse_duration),
     "REMINDER_BACKOFF_MAX": ("backoff_max", parse_duration),
+    "REMINDER_CLAIM_CONNECTIONS": ("claim_connections", parse_claim_connections),
 }
 
 

@@ -4,9 +4,11 @@ urgency order, per-batch claim and event, owner-by-owner retry on failure, prune
 Owners are the unit: a batch holds whole owners (about `batch_size` documents), commits its
 markers and events together, and on failure is retried owner by owner so that one failing
 owner loses nothing for the others. What each step does to the ledger is `reminders.ledger`'s
-(written, or the dry run's plan). An observer (metrics, tracing, health: see
-`reminders.observe`) is told, in plain values, when the cycle starts, around each batch, and
-when it ends.
+(written, or the dry run's plan). On two claim connections (`REMINDER_CLAIM_CONNECTIONS=2`)
+batches go in pairs, one sent to `reminders.lane`'s connection while the other is claimed on
+the cycle's; every batch is counted here, on the cycle's thread. An observer (metrics,
+tracing, health: see `reminders.observe`) is told, in plain values, when the cycle starts,
+around each batch, and when it ends.
 """
 
 import logging
@@ -15,14 +17,19 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-from core.db import DatabaseErrors, connection_alive
+import psycopg
+
+from core.db import DatabaseErrors, connection_alive, raw_connection
 from core.failures import DatabaseFailure, classify_on
 from core.logs import Rows, log_event, log_events
 from reminders import events, rules, store
 from reminders.config import ReminderSettings
+from reminders.lane import ClaimLane, LaneOutcome
 from reminders.ledger import DryRun, Ledger, Scope, Writes
 from reminders.models import ReminderRun
 from reminders.result import BatchCounts, CycleObserver, CycleResult, CycleStart
@@ -62,6 +69,15 @@ def owner_batches(
         yield OwnerBatch(batch, documents)
 
 
+class SentBatch(NamedTuple):
+    """A batch in flight on the claim lane: its owners, what it will come to, and its
+    observer's wrap (a span), closed when it is settled."""
+
+    owners: list[store.DueOwner]
+    outcome: "Future[LaneOutcome]"
+    span: ExitStack
+
+
 class Cycle:
     """Runs one cycle; build it with the settings and call `run()`."""
 
@@ -92,6 +108,7 @@ class Cycle:
         self.observer = observer or CycleObserver()
         self.result = CycleResult(run_id=self.scope.run_id, as_of=as_of, dry_run=dry_run)
         self._deadline = 0.0
+        self._two_connections = False  # claiming on two connections (watching each session)
 
     # --- the cycle -------------------------------------------------------------------------
 
@@ -164,46 +181,158 @@ class Cycle:
         return self.clock() >= self._deadline
 
     def _remind_due_owners(self, ledger: Ledger, due: store.DueOwners | store.DuePages) -> str:
-        settings = self.scope.settings
-        for batch in owner_batches(due.fetch, settings.batch_size):
-            if self.stop.is_set():
-                log_event(logger, logging.WARNING, "cycle stopping on signal",
-                          run_id=self.result.run_id)
-                return ReminderRun.Status.STOPPED
-            if self._out_of_time():
-                log_event(logger, logging.WARNING, "cycle out of time",
-                          run_id=self.result.run_id,
-                          max_run_duration_s=settings.max_run_duration.total_seconds())
-                return ReminderRun.Status.TIMED_OUT
-            log_event(logger, logging.INFO, "batch selected", run_id=self.result.run_id,
-                      owners=len(batch.owners), documents=batch.documents)
+        if self.scope.settings.claim_connections == 1:
+            return self._remind_on_one_connection(ledger, due)
+        try:
+            lane = ClaimLane.open(self.scope.using, ledger.claim)
+        except DatabaseErrors as exc:
+            # No second connection (the server's or the pooler's limit): the cycle's one does.
+            log_event(logger, logging.WARNING, "second claim connection unavailable, claiming on"
+                      " one", run_id=self.result.run_id, error=type(exc).__name__)
+            return self._remind_on_one_connection(ledger, due)
+        with lane:
+            return self._remind_on_two_connections(ledger, due, lane)
+
+    def _stopping(self) -> str | None:
+        """The status to end with before the next batch starts (stopped, out of time), if any."""
+        if self.stop.is_set():
+            log_event(logger, logging.WARNING, "cycle stopping on signal",
+                      run_id=self.result.run_id)
+            return ReminderRun.Status.STOPPED
+        if self._out_of_time():
+            log_event(logger, logging.WARNING, "cycle out of time",
+                      run_id=self.result.run_id,
+                      max_run_duration_s=self.scope.settings.max_run_duration.total_seconds())
+            return ReminderRun.Status.TIMED_OUT
+        return None
+
+    def _selected(self, batch: OwnerBatch) -> None:
+        log_event(logger, logging.INFO, "batch selected", run_id=self.result.run_id,
+                  owners=len(batch.owners), documents=batch.documents)
+
+    def _counted(self) -> None:
+        if self.progress:
+            self.progress(self.result.documents_processed, self.result.due_documents)
+
+    def _remind_on_one_connection(self, ledger: Ledger,
+                                  due: store.DueOwners | store.DuePages) -> str:
+        for batch in owner_batches(due.fetch, self.scope.settings.batch_size):
+            if (status := self._stopping()) is not None:
+                return status
+            self._selected(batch)
             with self.observer.batch(len(batch.owners)):
                 self.observer.batch_done(self._remind_batch(ledger, batch.owners))
-            if self.progress:
-                self.progress(self.result.documents_processed, self.result.due_documents)
+            self._counted()
         return ReminderRun.Status.SUCCEEDED
 
+    def _remind_on_two_connections(self, ledger: Ledger, due: store.DueOwners | store.DuePages,
+                                   lane: ClaimLane) -> str:
+        """Batches go in pairs: the first is sent to the lane, the second claimed here while it
+        runs (retried owner by owner here if it fails), then the lane's is settled. Every batch
+        is counted on this thread; no batch starts once the stop or the deadline is seen."""
+        self._two_connections = True
+        sent: SentBatch | None = None
+        status: str = ReminderRun.Status.SUCCEEDED
+        try:
+            for batch in owner_batches(due.fetch, self.scope.settings.batch_size):
+                if (stopping := self._stopping()) is not None:
+                    status = stopping
+                    break
+                self._selected(batch)
+                if sent is None:
+                    sent = self._send(lane, batch.owners)
+                    continue
+                with self.observer.batch(len(batch.owners)):
+                    self.observer.batch_done(self._remind_batch(ledger, batch.owners))
+                self._counted()
+                settling, sent = sent, None
+                self._settle(ledger, settling)
+        except BaseException:
+            if sent is not None:
+                self._settle_after_failure(ledger, sent)
+            raise
+        if sent is not None:
+            self._settle(ledger, sent)
+        return status
+
+    def _send(self, lane: ClaimLane, owners: list[store.DueOwner]) -> "SentBatch":
+        span = ExitStack()
+        span.enter_context(self.observer.batch(len(owners), lane=1))
+        try:
+            return SentBatch(owners, lane.send(owners), span)
+        except BaseException:
+            span.close()
+            raise
+
+    def _settle(self, ledger: Ledger, sent: "SentBatch") -> None:
+        """The lane's batch, once done: counted if it committed; if it rolled back, retried
+        owner by owner on this connection; a lost lane connection fails the cycle."""
+        with sent.span:
+            outcome = sent.outcome.result()
+            if outcome.claim is not None:
+                counts = self._account(ledger, outcome.claim)
+            elif outcome.connection_lost:
+                lost = ConnectionLostError("database connection lost")
+                self._fail_owners(sent.owners, classify_on(lost, self.scope.using))
+                raise lost from outcome.error
+            else:
+                log_event(logger, logging.WARNING, "batch failed, retrying owner by owner",
+                          run_id=self.result.run_id, owners=len(sent.owners),
+                          exc_info=outcome.error)
+                counts = self._retry_owner_by_owner(ledger, sent.owners)
+            self.observer.batch_done(counts)
+        self._counted()
+
+    def _settle_after_failure(self, ledger: Ledger, sent: "SentBatch") -> None:
+        """The lane's batch while the cycle fails: waited for, counted if it committed, its
+        owners failed if not (no retry: the cycle's connection may be gone)."""
+        with sent.span:
+            outcome = sent.outcome.result()
+            if outcome.claim is not None:
+                counts = self._account(ledger, outcome.claim)
+            else:
+                error = outcome.error or ConnectionLostError("database connection lost")
+                counts = self._fail_owners(sent.owners, classify_on(error, self.scope.using))
+            self.observer.batch_done(counts)
+
+    def _session(self) -> psycopg.Connection[Any] | None:
+        """The session a claim is about to run on, watched on two connections (`_lost`)."""
+        return raw_connection(self.scope.using) if self._two_connections else None
+
+    def _lost(self, session: psycopg.Connection[Any] | None) -> bool:
+        """Was the connection lost? On two connections, also when Django reconnected behind the
+        claim (its atomic block's rollback failed): the session it ran on is gone, with the
+        held cursor, the role and the tuning, as a lost lane's is."""
+        return not connection_alive(self.scope.using) or bool(session and session.closed)
+
     def _remind_batch(self, ledger: Ledger, owners: list[store.DueOwner]) -> BatchCounts:
+        session = self._session()
         try:
             outcome = ledger.claim(owners)
         except DatabaseErrors:
             using = self.scope.using
-            if not connection_alive(using):
+            if self._lost(session):
                 lost = ConnectionLostError("database connection lost")
                 self._fail_owners(owners, classify_on(lost, using))
                 raise lost from None
             log_event(logger, logging.WARNING, "batch failed, retrying owner by owner",
                       run_id=self.result.run_id, owners=len(owners), exc_info=True)
-            counts = BatchCounts()
-            for owner in owners:
-                try:
-                    counts += self._account(ledger, ledger.claim([owner]))
-                except DatabaseErrors as exc:
-                    counts += self._fail_owners([owner], classify_on(exc, using))
-                    if not connection_alive(using):
-                        raise ConnectionLostError("database connection lost") from None
-            return counts
+            return self._retry_owner_by_owner(ledger, owners)
         return self._account(ledger, outcome)
+
+    def _retry_owner_by_owner(self, ledger: Ledger, owners: list[store.DueOwner]) -> BatchCounts:
+        """A failed batch's owners, each in its own transaction on this thread's connection."""
+        using = self.scope.using
+        counts = BatchCounts()
+        for owner in owners:
+            session = self._session()
+            try:
+                counts += self._account(ledger, ledger.claim([owner]))
+            except DatabaseErrors as exc:
+                counts += self._fail_owners([owner], classify_on(exc, using))
+                if self._lost(session):
+                    raise ConnectionLostError("database connection lost") from None
+        return counts
 
     def _account(self, ledger: Ledger, outcome: store.BatchClaim) -> BatchCounts:
         """Count a committed batch, and log its reminders now that they are durable."""

@@ -3,8 +3,10 @@ as observers passed into the cycle (`Cycle(observer=...)`); `ObservedCycles` run
 all three. The operations server of `--loop` around them is `reminders.serving`'s.
 
 Traces (docs/design.md §5): a span per cycle carrying the run id as correlation id, a child
-span per batch, and the cycle's `traceparent` in every outbox row's headers (from there the
-relay copies it into the Kafka headers). core.tracing turns tracing on from OTEL_*.
+span per batch (from its claim's start to its counts, on either claim connection: with two,
+consecutive batches' spans overlap), and the cycle's `traceparent` in every outbox row's
+headers (from there the relay copies it into the Kafka headers). core.tracing turns tracing
+on from OTEL_*.
 """
 
 import threading
@@ -66,7 +68,7 @@ class TracingObserver(CycleObserver):
     def __init__(self, tracer: Tracer | None = None) -> None:
         self.tracer = tracer or trace.get_tracer(TRACER_NAME)
         self._span: Span | None = None
-        self._batch_span: Span | None = None
+        self._batch_spans: list[Span] = []  # the batches open, innermost last
         self._run_id = ""
         self._scope = ExitStack()
 
@@ -87,23 +89,27 @@ class TracingObserver(CycleObserver):
         return carrier
 
     @contextmanager
-    def _batch(self, owners: int) -> Iterator[Span]:
+    def _batch(self, owners: int, lane: int) -> Iterator[Span]:
         # Counts only, no owner ids: the logs' `reminder queued` lines already name them.
         attributes: Attributes = {"correlation_id": self._run_id,
-                                  "reminders.batch.owners": owners}
-        with self.tracer.start_as_current_span(BATCH_SPAN, attributes=attributes) as span:
-            self._batch_span = span
+                                  "reminders.batch.owners": owners, "reminders.batch.lane": lane}
+        # A child of the cycle's span, never of another batch's: batches on the two claim
+        # connections overlap (docs/design.md §5).
+        parent = trace.set_span_in_context(self._span) if self._span is not None else None
+        with self.tracer.start_as_current_span(BATCH_SPAN, context=parent,
+                                               attributes=attributes) as span:
+            self._batch_spans.append(span)
             try:
                 yield span
             finally:
-                self._batch_span = None
+                self._batch_spans.remove(span)
 
-    def batch(self, owners: int) -> AbstractContextManager[object]:
-        return self._batch(owners)
+    def batch(self, owners: int, *, lane: int = 0) -> AbstractContextManager[object]:
+        return self._batch(owners, lane)
 
     def batch_done(self, counts: BatchCounts) -> None:
-        if self._batch_span is not None:
-            self._batch_span.set_attributes({
+        if self._batch_spans:
+            self._batch_spans[-1].set_attributes({
                 "reminders.batch.documents": counts.documents,
                 "reminders.batch.reminders_sent": counts.reminders_sent,
                 "reminders.batch.owners_notified": counts.owners_notified,
@@ -144,14 +150,14 @@ class Observers(CycleObserver):
         return headers
 
     @contextmanager
-    def _batches(self, owners: int) -> Iterator[None]:
+    def _batches(self, owners: int, lane: int) -> Iterator[None]:
         with ExitStack() as stack:
             for observer in self.observers:
-                stack.enter_context(observer.batch(owners))
+                stack.enter_context(observer.batch(owners, lane=lane))
             yield
 
-    def batch(self, owners: int) -> AbstractContextManager[object]:
-        return self._batches(owners)
+    def batch(self, owners: int, *, lane: int = 0) -> AbstractContextManager[object]:
+        return self._batches(owners, lane)
 
     def batch_done(self, counts: BatchCounts) -> None:
         for observer in self.observers:

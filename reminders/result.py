@@ -116,12 +116,15 @@ class CycleObserver:
         """The cycle begins; the headers to add to each of its events (a trace context)."""
         return {}
 
-    def batch(self, owners: int) -> AbstractContextManager[object]:
-        """Wraps one batch of `owners` owners."""
+    def batch(self, owners: int, *, lane: int = 0) -> AbstractContextManager[object]:
+        """Wraps one batch of `owners` owners, claimed on connection `lane` (0: the cycle's,
+        1: the second claim connection), from its claim's start to its counts. With two
+        connections batches overlap, always nested: a batch sent to the second connection is
+        wrapped first and closed last, around the batch claimed meanwhile on the cycle's."""
         return nullcontext()
 
     def batch_done(self, counts: BatchCounts) -> None:
-        """The batch just wrapped is done (inside `batch`; not called if it raised)."""
+        """The innermost batch wrapped is done (inside `batch`; not called if it raised)."""
 
     def cycle_finished(self, result: CycleResult) -> None:
         """The cycle ended (its status says how; still `running` if an error escaped it)."""

@@ -179,6 +179,19 @@ def _page_owners(page: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 DUE_PAGE_BATCHES = 200
 
 
+def holds_sessions(using: str) -> bool:
+    """Does the alias keep its server session across transactions (no transaction pooler)?"""
+    return not connections[using].settings_dict.get("DISABLE_SERVER_SIDE_CURSORS")
+
+
+def tune_claim_session(using: str) -> None:
+    """A second claim connection (`reminders.lane`) tuned as the cycle's own, which `due_owners`
+    tunes where the alias keeps its session (behind a transaction pooler neither is: a session
+    setting would reach the server connection's next client)."""
+    if holds_sessions(using):
+        raw_connection(using).execute(QUERIES["tune_session"])
+
+
 @contextmanager
 def due_owners(
     using: str, window: Window, thresholds: Sequence[int], as_of_date: date,
@@ -186,7 +199,7 @@ def due_owners(
 ) -> Iterator[DueOwners | DuePages]:
     """The due owners and the census of the window: from one held cursor (DueOwners), or by
     pages (DuePages) where the alias disables server-side cursors (a transaction pooler)."""
-    if connections[using].settings_dict.get("DISABLE_SERVER_SIDE_CURSORS"):
+    if not holds_sessions(using):
         yield DuePages(_due_page_reader(using, window, thresholds, as_of_date, run_id=run_id,
                                         page_owners=page_owners), page_owners)
         return
@@ -204,10 +217,10 @@ def due_owners(
                            binary=True)
         yield DueOwners(cursor)
     finally:
-        if not conn.closed:
-            # If the connection broke, the server dropped the cursor with the session.
-            with suppress(psycopg.Error):
-                cursor.close()
+        # If the connection broke, the server dropped the cursor with the session: close()
+        # then only marks it closed (psycopg talks to the server only on an open connection).
+        with suppress(psycopg.Error):
+            cursor.close()
 
 
 def _due_page_reader(

@@ -311,8 +311,11 @@ def test_window_edges_are_inclusive_to_the_day(
     assert sorted(notified_pairs()) == sorted([(str(first.id), 0), (str(last.id), 30)])
 
 
+# Each batch starts only before the deadline. On one connection the 3rd batch is the last
+# (counted at 10, 20, 30 s); on two, batches start in pairs (the 3rd and 4th both at 20 s).
+@pytest.mark.parametrize(("claim_connections", "started"), [(1, 3), (2, 4)])
 def test_run_over_its_time_budget_stops_cleanly_and_the_next_run_finishes(
-    run: CycleRunner, documents: Documents
+    run: CycleRunner, documents: Documents, claim_connections: int, started: int
 ) -> None:
     docs = [documents(expires_at=expiring_in(d)) for d in (2, 3, 4, 5, 6)]
     fake_now = [0.0]
@@ -321,13 +324,13 @@ def test_run_over_its_time_budget_stops_cleanly_and_the_next_run_finishes(
         fake_now[0] += 10.0  # each batch "takes" ten seconds
 
     first = run(AS_OF, batch_size=1, max_run_duration=timedelta(seconds=25),
-                clock=lambda: fake_now[0], progress=tick)
+                clock=lambda: fake_now[0], progress=tick, claim_connections=claim_connections)
 
     assert first.status == ReminderRun.Status.TIMED_OUT
-    assert first.owners_notified == 3
+    assert first.owners_notified == started
     second = run(AS_OF)
     assert second.status == ReminderRun.Status.SUCCEEDED
-    assert second.owners_notified == 2
+    assert second.owners_notified == 5 - started
     assert sorted(notified_pairs()) == sorted((str(d.id), 7) for d in docs)
 
 
@@ -372,17 +375,22 @@ def test_a_timed_out_cycle_prunes_within_a_budget_of_its_own(
     assert (second.status, second.pruned, _expired_left()) == ("succeeded", 7_000, 0)
 
 
+# The stop is set once the first batch is counted; on two connections the batch sent to the
+# second one was already in flight, and commits.
+@pytest.mark.parametrize(("claim_connections", "done"), [(1, 1), (2, 2)])
 def test_a_cycle_stopped_by_a_signal_leaves_the_prune_to_the_next(
-    run: CycleRunner, documents: Documents
+    run: CycleRunner, documents: Documents, claim_connections: int, done: int
 ) -> None:
     _expired_markers(10)
-    for days in (2, 3):
+    for days in (2, 3, 4):
         documents(expires_at=expiring_in(days))
     stop = threading.Event()
 
-    stopped = run(AS_OF, batch_size=1, stop=stop, progress=lambda _done, _total: stop.set())
+    stopped = run(AS_OF, batch_size=1, stop=stop, progress=lambda _done, _total: stop.set(),
+                  claim_connections=claim_connections)
 
     assert (stopped.status, stopped.pruned, _expired_left()) == ("stopped", 0, 10)
+    assert stopped.owners_notified == done
     assert run(AS_OF).pruned == 10
 
 

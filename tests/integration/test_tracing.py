@@ -105,6 +105,31 @@ def test_a_batch_span_counts_the_owner_that_failed_in_it(
     assert attributes["reminders.batch.reminders_sent"] == len(good)
 
 
+def test_batches_on_two_connections_overlap_as_siblings_each_with_its_own_counts(
+    documents: Documents, exporter: InMemorySpanExporter
+) -> None:
+    docs = [documents(expires_at=expiring_in(d)) for d in (1, 2, 3, 4, 5)]
+    bad = docs[2]  # the 3rd batch, sent to the second connection
+    with outbox_refusing(bad.owner_user_id):
+        result = _traced_cycle(exporter, batch_size=1, claim_connections=2)
+
+    spans = exporter.get_finished_spans()
+    [cycle] = [s for s in spans if s.name == CYCLE_SPAN]
+    batches = sorted((s for s in spans if s.name == BATCH_SPAN), key=lambda s: s.start_time or 0)
+    assert cycle.context is not None and result.failed_owners == 1
+    assert all(b.parent is not None and b.parent.span_id == cycle.context.span_id for b in batches)
+    attributes = [dict(b.attributes or {}) for b in batches]
+    assert [a["reminders.batch.lane"] for a in attributes] == [1, 0, 1, 0, 1]
+    assert [a["reminders.batch.failed_owners"] for a in attributes] == [0, 0, 1, 0, 0]
+    assert [a["reminders.batch.owners_notified"] for a in attributes] == [1, 1, 0, 1, 1]
+    assert [a["reminders.batch.documents"] for a in attributes] == [1, 1, 0, 1, 1]
+    for lane, here in ((batches[0], batches[1]), (batches[2], batches[3])):
+        # the second connection's batch is in flight around the one claimed meanwhile
+        assert lane.start_time is not None and here.start_time is not None
+        assert lane.end_time is not None and here.end_time is not None
+        assert lane.start_time <= here.start_time and here.end_time <= lane.end_time
+
+
 def test_without_a_tracer_provider_no_traceparent_is_written(documents: Documents) -> None:
     documents(expires_at=expiring_in(7))
     with as_worker():
@@ -255,6 +280,7 @@ def test_the_command_exports_spans_over_otlp(
         "reminders.batch.owners": 3, "reminders.batch.documents": 3,
         "reminders.batch.reminders_sent": 3, "reminders.batch.owners_notified": 3,
         "reminders.batch.failed_owners": 0,
+        "reminders.batch.lane": 1,  # a first batch goes to the second claim connection
     }
     assert not [k for k in attributes if "owner_user_id" in k]
     values = [v for value in attributes.values()

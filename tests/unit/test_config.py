@@ -12,7 +12,7 @@ def test_defaults_when_nothing_is_set() -> None:
     assert load_settings({}) == ReminderSettings(
         thresholds=(30, 7, 1, 0), batch_size=500, polling_interval=timedelta(hours=24),
         run_at_utc=time(3, 0), max_run_duration=timedelta(minutes=10),
-        prune_budget=timedelta(minutes=1), retention_days=90,
+        prune_budget=timedelta(minutes=1), retention_days=90, claim_connections=2,
     )
 
 
@@ -21,12 +21,12 @@ def test_every_variable_is_read() -> None:
         "REMINDER_THRESHOLDS_DAYS": " 60, 14,3 ,0", "REMINDER_BATCH_SIZE": "1000",
         "REMINDER_POLLING_INTERVAL": "12h", "REMINDER_RUN_AT_UTC": "23:30",
         "REMINDER_MAX_RUN_DURATION": "1h30m", "REMINDER_RETENTION_DAYS": "0",
-        "REMINDER_PRUNE_BUDGET": "30s",
+        "REMINDER_PRUNE_BUDGET": "30s", "REMINDER_CLAIM_CONNECTIONS": " 1 ",
     })
     assert settings == ReminderSettings(
         thresholds=(60, 14, 3, 0), batch_size=1000, polling_interval=timedelta(hours=12),
         run_at_utc=time(23, 30), max_run_duration=timedelta(minutes=90), retention_days=0,
-        prune_budget=timedelta(seconds=30),
+        prune_budget=timedelta(seconds=30), claim_connections=1,
     )
     assert settings.longest_cycle == timedelta(minutes=90, seconds=30)
 
@@ -65,6 +65,10 @@ BAD = [
     ("REMINDER_PRUNE_BUDGET", "0", "longer than zero"),
     ("REMINDER_RETENTION_DAYS", "-1", ">= 0"),
     ("REMINDER_RETENTION_DAYS", "90d", "whole number"),
+    ("REMINDER_CLAIM_CONNECTIONS", "0", "expected 1 or 2"),
+    ("REMINDER_CLAIM_CONNECTIONS", "3", "expected 1 or 2"),
+    ("REMINDER_CLAIM_CONNECTIONS", "two", "expected 1 or 2"),
+    ("REMINDER_CLAIM_CONNECTIONS", "", "expected 1 or 2"),
 ]
 
 
