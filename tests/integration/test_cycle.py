@@ -277,10 +277,27 @@ def test_events_are_written_most_urgent_owner_first(
     sooner = documents(expires_at=expiring_in(-2))
     middle = documents(expires_at=expiring_in(6))
 
-    run(AS_OF, batch_size=1)
+    run(AS_OF, batch_size=1, claim_connections=1)
 
     assert [e["ownerUserId"] for e in events()] == [
         str(sooner.owner_user_id), str(middle.owner_user_id), str(later.owner_user_id)]
+
+
+def test_on_two_claim_connections_events_are_most_urgent_first_pair_by_pair(
+    run: CycleRunner, documents: Documents
+) -> None:
+    """A pair's two batches run side by side and commit in either order (docs/design.md
+    §3.8); the pairs follow the urgency order."""
+    later = documents(expires_at=expiring_in(25))
+    sooner = documents(expires_at=expiring_in(-2))
+    middle = documents(expires_at=expiring_in(6))
+    latest = documents(expires_at=expiring_in(28))
+
+    run(AS_OF, batch_size=1, claim_connections=2)
+
+    owners = [e["ownerUserId"] for e in events()]
+    assert set(owners[:2]) == {str(sooner.owner_user_id), str(middle.owner_user_id)}
+    assert set(owners[2:]) == {str(later.owner_user_id), str(latest.owner_user_id)}
 
 
 def test_utc_date_decides_days_left_at_midnight_plus_three(
