@@ -84,6 +84,13 @@ def connection_alive(using: str) -> bool:
     return raw is not None and not raw.closed and wrapper.is_usable()
 
 
+def session_lost(using: str, session: psycopg.Connection[Any]) -> bool:
+    """Was `session`, the alias's session a statement ran on, lost? Also when Django has
+    reconnected behind it (an atomic block whose rollback failed): the new session has none of
+    the old one's state (a held cursor, the role, the tuning)."""
+    return session.closed or not connection_alive(using)
+
+
 @contextmanager
 def thread_connection(using: str = "default") -> Iterator[None]:
     """Run the block on the current thread's connection, closed afterwards off the main thread

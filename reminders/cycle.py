@@ -24,7 +24,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from core.db import DatabaseErrors, connection_alive, raw_connection
+from core.db import DatabaseErrors, connection_alive, raw_connection, session_lost
 from core.failures import DatabaseFailure, classify_on
 from core.logs import Rows, log_event, log_events
 from reminders import events, rules, store
@@ -301,9 +301,9 @@ class Cycle:
 
     def _lost(self, session: psycopg.Connection[Any] | None) -> bool:
         """Was the connection lost? On two connections, also when Django reconnected behind the
-        claim (its atomic block's rollback failed): the session it ran on is gone, with the
-        held cursor, the role and the tuning, as a lost lane's is."""
-        return not connection_alive(self.scope.using) or bool(session and session.closed)
+        claim (`session_lost`), as a lost lane's is."""
+        using = self.scope.using
+        return not connection_alive(using) if session is None else session_lost(using, session)
 
     def _remind_batch(self, ledger: Ledger, owners: list[store.DueOwner]) -> BatchCounts:
         session = self._session()

@@ -16,7 +16,7 @@ from typing import NamedTuple, Self
 
 from django.db import connections
 
-from core.db import DatabaseErrors, connection_alive, join_role, raw_connection, session_role
+from core.db import DatabaseErrors, join_role, raw_connection, session_lost, session_role
 from reminders import store
 
 Claim = Callable[[list[store.DueOwner]], store.BatchClaim]
@@ -87,10 +87,7 @@ class ClaimLane:
         try:
             return LaneOutcome(claim=self._claim(owners))
         except DatabaseErrors as exc:
-            # Lost also when Django reconnected behind the claim (its atomic block's rollback
-            # failed): that new session has neither the role nor the tuning, and is not used.
-            lost = session.closed or not connection_alive(self.using)
-            return LaneOutcome(error=exc, connection_lost=lost)
+            return LaneOutcome(error=exc, connection_lost=session_lost(self.using, session))
 
     def _disconnect(self) -> None:
         with suppress(*DatabaseErrors):

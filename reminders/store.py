@@ -185,9 +185,10 @@ def holds_sessions(using: str) -> bool:
 
 
 def tune_claim_session(using: str) -> None:
-    """A second claim connection (`reminders.lane`) tuned as the cycle's own, which `due_owners`
-    tunes where the alias keeps its session (behind a transaction pooler neither is: a session
-    setting would reach the server connection's next client)."""
+    """This thread's session of the alias tuned for the claims (the cycle's, in `due_owners`,
+    and a second claim connection's, `reminders.lane`), where the alias keeps its session:
+    behind a transaction pooler a session setting would reach the server connection's next
+    client (`tune_transaction` tunes each page's transaction there)."""
     if holds_sessions(using):
         raw_connection(using).execute(QUERIES["tune_session"])
 
@@ -203,8 +204,8 @@ def due_owners(
         yield DuePages(_due_page_reader(using, window, thresholds, as_of_date, run_id=run_id,
                                         page_owners=page_owners), page_owners)
         return
+    tune_claim_session(using)
     conn = raw_connection(using)
-    conn.execute(QUERIES["tune_session"])
     cursor = conn.cursor(name=f"due_owners_{uuid.uuid4().hex}", withhold=True)
     try:
         # Declared in a transaction of its own, which runs the pass when it commits; the plan

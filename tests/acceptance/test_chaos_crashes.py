@@ -12,7 +12,6 @@ import signal
 from functools import partial
 
 import pytest
-from django.db import connection
 
 from reminders.config import DEFAULT_THRESHOLDS
 from tests.support import chaos_report
@@ -26,20 +25,13 @@ from tests.support.invariants import (
     snapshot,
     tally,
 )
-from tests.support.ledger import day
+from tests.support.ledger import day, forget_written
 from tests.support.reference import ReferenceLedger, documents_from_database
 
 DAYS = 3  # rounds of the same as-of day
 KILLS_PER_DAY = 7  # one in start-up, one as the cycle starts, five mid-cycle
 DOCUMENTS = 3_000  # about 950 owners a day: three whole days stay cheap
 SEED = 20261129
-
-
-def forget_the_day() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("reset role")
-        cursor.execute("truncate document_expiry_reminders, outbox_messages,"
-                       " document_expiry_reminder_runs")
 
 
 def progressed(worker: Worker, events: int) -> bool:
@@ -100,7 +92,7 @@ def test_sigkill_at_random_moments_leaves_no_half_written_owner(documents: Docum
             figures[name] += value
         check_invariants(documents_before=before, model=done, snap=snap)
         if today < DAYS - 1:
-            forget_the_day()  # a fresh ledger and outbox: the same day again
+            forget_written()  # a fresh ledger and outbox: the same day again
             days_forgotten += 1
 
     mid_cycle = [(b, a) for moment, _, b, a in kills if moment == "mid-cycle"]

@@ -23,7 +23,14 @@ from reminders.models import ReminderRun
 from tests.conftest import CycleRunner, as_worker, test_database_url
 from tests.support.chaos import wait_until
 from tests.support.factories import Documents
-from tests.support.ledger import AS_OF, events, expiring_in, markers, outbox_refusing
+from tests.support.ledger import (
+    AS_OF,
+    events,
+    expiring_in,
+    forget_written,
+    markers,
+    outbox_refusing,
+)
 
 HELPER = "lanes-test-helper"  # the application name of this file's own sessions
 DEADLINE_S = 30.0
@@ -107,13 +114,6 @@ def _outcome() -> tuple[set[tuple[Any, ...]], set[tuple[Any, ...]]]:
     return written, outbox
 
 
-def _forget_the_cycle() -> None:
-    with connection.cursor() as cursor:
-        cursor.execute("reset role")
-        cursor.execute("truncate document_expiry_reminders, outbox_messages,"
-                       " document_expiry_reminder_runs")
-
-
 def test_two_connections_write_what_one_writes(run: CycleRunner, documents: Documents) -> None:
     for i in range(40):  # owners of one to three documents spread over the window
         owner = uuid.uuid4()
@@ -122,7 +122,7 @@ def test_two_connections_write_what_one_writes(run: CycleRunner, documents: Docu
     watch_pid = _cycle_pid()
     one = run(AS_OF, batch_size=4, claim_connections=1)
     on_one = _outcome()
-    _forget_the_cycle()
+    forget_written()
 
     two = run(AS_OF, batch_size=4, claim_connections=2)
 

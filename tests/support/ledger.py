@@ -61,6 +61,15 @@ def markers(document_id: uuid.UUID | None = None) -> set[Marker]:
     return {Marker(*r) for r in rows}
 
 
+def forget_written() -> None:
+    """Every marker, event and run the cycles wrote gone (the documents stay): the same day
+    again, from a fresh ledger and outbox."""
+    with connection.cursor() as cursor:
+        cursor.execute("reset role")
+        cursor.execute("truncate document_expiry_reminders, outbox_messages,"
+                       " document_expiry_reminder_runs")
+
+
 def events() -> list[dict[str, Any]]:
     """Outbox payloads, oldest first."""
     return [
