@@ -54,8 +54,13 @@ clock_scenarios() {
 
 # clock_scenario INDEX [pytest args]: one scenario's pytest run; its exit status.
 clock_scenario() {
-    local index=$1 at=${CLOCK_SCENARIOS[$1]}
+    local index=$1 at=${CLOCK_SCENARIOS[$1]} basetemp status=0
     shift
+    # A temporary root of its own: the scenarios run at once, each under another faked clock,
+    # and pytest's shared numbered directories would be cleaned by one run (their locks look
+    # stale to a clock years ahead) while another scans them (a leaked scandir iterator, an
+    # error at the end of a run whose tests all passed).
+    basetemp=$(mktemp -d "/tmp/pin-clock-tmp-$index.XXXXXX")
     # FAKETIME holds a relative offset in seconds, re-read on every call (NO_CACHE) so
     # that the fixture can move it. Only Python processes (pytest, the worker) are faked:
     # chromium does not start under libfaketime. Monotonic clocks stay real for deadlines;
@@ -66,5 +71,8 @@ clock_scenario() {
         FAKETIME_FORCE_MONOTONIC_FIX=0 TEST_CLOCK_AT="$at" TEST_OWN_CLUSTER=1 \
         PYTHONPATH="$ROOT/tests/faketime_shim${PYTHONPATH:+:$PYTHONPATH}" \
         "$VENV/bin/pytest" -m real_clock -p no:cacheprovider -p no:xdist \
-        --junitxml="$ROOT/artifacts/junit-clock-$index.xml" "$@"
+        --junitxml="$ROOT/artifacts/junit-clock-$index.xml" --basetemp="$basetemp" "$@" \
+        || status=$?
+    rm -rf "$basetemp"
+    return "$status"
 }
