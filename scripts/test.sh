@@ -10,6 +10,10 @@
 # a PostgreSQL cluster of its own (tests/support/workers.py), and the three faked-clock runs
 # run side by side, each on a cluster of its own too. Every run writes a JUnit file
 # (artifacts/junit*.xml) and lists its 50 slowest tests (pyproject.toml's addopts).
+# The real-cluster tier (tests/kafka) runs on Apache Kafka itself: without extra arguments the
+# three-node cluster (scripts/kafka.sh) starts in the background while the linters run, and
+# both workers share it (TEST_KAFKA_CLUSTER_DIR); with arguments, a run that selects those
+# tests starts a cluster of its own (tests/support/kafka_support.py).
 # The one-minute inner loop, with no database, broker or browser: scripts/test-unit.sh.
 # Installs what it needs (a venv with the pinned requirements; Debian's postgresql if no
 # server answers; Debian's prometheus for the alert-rule and scrape tests; Debian's faketime;
@@ -18,6 +22,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/test-env.sh
+
+kafka_dir=""
+kafka_stop() {
+    if [ -n "$kafka_dir" ]; then
+        "$PY" -m devtools.kafka_cluster stop --dir "$kafka_dir/cluster" 2>/dev/null || true
+        rm -rf "$kafka_dir"
+        kafka_dir=""
+    fi
+}
+if [ "$#" -eq 0 ]; then
+    kafka_dir=$(mktemp -d /tmp/pin-test-kafka.XXXXXX)
+    trap 'kafka_stop; pg_throwaway_stop' EXIT
+    scripts/kafka.sh start --dir "$kafka_dir/cluster" >"$kafka_dir/start.out" 2>"$kafka_dir/start.err" &
+    kafka_pid=$!
+fi
 
 echo "== ruff"
 "$VENV/bin/ruff" check .
@@ -37,6 +56,16 @@ DATABASE_URL="$PG_ADMIN_URL" DJANGO_SETTINGS_MODULE=pin_profile.settings_dev \
 echo "== hadolint"
 "$VENV/bin/hadolint" --no-color docker/Dockerfile
 echo "docker/Dockerfile: no findings"
+if [ -n "$kafka_dir" ]; then
+    echo "== Apache Kafka (three nodes, scripts/kafka.sh)"
+    if ! wait "$kafka_pid"; then
+        cat "$kafka_dir/start.err" >&2
+        echo "test.sh: the real-cluster tier's Kafka did not start" >&2
+        exit 1
+    fi
+    tail -n 1 "$kafka_dir/start.err"
+    export TEST_KAFKA_CLUSTER_DIR="$kafka_dir/cluster"
+fi
 echo "== pytest"
 set +e
 if [ "$#" -eq 0 ]; then
@@ -53,4 +82,5 @@ fi
 if [ "$status" -ne 0 ] || [ "$#" -ne 0 ]; then
     exit "$status"
 fi
+kafka_stop  # the faked-clock runs need no broker
 clock_scenarios

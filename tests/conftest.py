@@ -158,8 +158,9 @@ def _clock_at(request: pytest.FixtureRequest) -> Iterator[None]:
         os.environ["FAKETIME"] = before
 
 
-# The relay's fixtures: a mock Kafka cluster, or a Tansu broker process, per test.
-pytest_plugins = ["tests.support.relay_support", "tests.support.tansu_support"]
+# The relay's fixtures: a mock Kafka cluster or a Tansu broker per test; Apache Kafka itself.
+pytest_plugins = ["tests.support.relay_support", "tests.support.tansu_support",
+                  "tests.support.kafka_support"]
 
 
 # --- chaos scenarios (issue 7): what each one tried, in the session summary ---------------

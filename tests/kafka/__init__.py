@@ -1,0 +1,1 @@
+"""The real-cluster tier: Apache Kafka itself (tests/support/kafka_support.py)."""
