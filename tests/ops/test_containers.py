@@ -75,7 +75,7 @@ def test_the_compose_schema_catches_misspelt_keys_and_values(compose: dict[str, 
     broken = json.loads(json.dumps(compose))
     broken["services"]["worker"]["healthcheck"]["intervall"] = "30s"
     broken["services"]["admin"]["ports"] = [{"targt": 8000}]
-    broken["services"]["relay"]["depends_on"]["kafka"]["condition"] = "service_finished"
+    broken["services"]["relay"]["depends_on"]["kafka-1"]["condition"] = "service_finished"
     errors = list(compose_validator().iter_errors(broken))
     assert {e.json_path for e in errors} >= {"$.services.worker.healthcheck",
                                              "$.services.admin.ports[0]",
@@ -174,7 +174,35 @@ def test_prometheus_and_grafana_answer_only_after_their_dependencies(compose: di
     services = compose["services"]
     assert set(services["prometheus"]["depends_on"]) == set(APP_SERVICES)
     assert services["grafana"]["depends_on"] == {"prometheus": {"condition": "service_healthy"}}
-    assert services["relay"]["depends_on"]["kafka"] == {"condition": "service_healthy"}
+    for node in KAFKA_NODES:
+        assert services["relay"]["depends_on"][node] == {"condition": "service_healthy"}
+
+
+KAFKA_NODES = ("kafka-1", "kafka-2", "kafka-3")
+
+
+def test_the_stack_runs_the_tested_kafka_release_on_three_nodes_with_durable_topics(
+        compose: dict[str, Any]) -> None:
+    """Apache Kafka's own image at the release the real-cluster tier runs (devtools/kafka/
+    pom.xml), three voters, topics the relay's durability check accepts without the
+    stand-ins' OUTBOX_ALLOW_UNDURABLE_TOPIC."""
+    pinned = re.search(r"<kafka.version>([^<]+)</kafka.version>",
+                       (ROOT / "devtools" / "kafka" / "pom.xml").read_text())
+    assert pinned is not None
+    services = compose["services"]
+    for node_id, name in enumerate(KAFKA_NODES, start=1):
+        node = services[name]
+        assert node["image"] == f"apache/kafka:{pinned.group(1)}"
+        env = node["environment"]
+        assert env["KAFKA_NODE_ID"] == node_id
+        assert env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == ",".join(
+            f"{i}@{n}:9093" for i, n in enumerate(KAFKA_NODES, start=1))
+        assert env["KAFKA_ADVERTISED_LISTENERS"] == f"PLAINTEXT://{name}:9092"
+        assert (env["KAFKA_DEFAULT_REPLICATION_FACTOR"], env["KAFKA_MIN_INSYNC_REPLICAS"]) == (3, 2)
+        assert env["KAFKA_UNCLEAN_LEADER_ELECTION_ENABLE"] == "false"
+    relay = services["relay"]["environment"]
+    assert "OUTBOX_ALLOW_UNDURABLE_TOPIC" not in relay
+    assert relay["KAFKA_BOOTSTRAP_SERVERS"] == ",".join(f"{n}:9092" for n in KAFKA_NODES)
 
 
 # --- the build context and the Dockerfile ----------------------------------------------------
