@@ -416,10 +416,14 @@ def measure(events: list[int], *, batch_size: int | None = None,
 
 
 def table(results: list[Measurement]) -> str:
-    raw = {r.events: r.per_second for r in results if r.name == RAW}
+    """One line a measurement; "vs raw" against the raw producer measured last before it (with
+    --repeat, the one of the same round)."""
+    raw: dict[int, float] = {}
     lines = [f"{'what':<32} {'events':>8} {'relays':>6} {'batch':>10} {'seconds':>8} "
              f"{'events/s':>10} {'vs raw':>7} {'RSS MB':>7} {'load':>5}"]
     for r in results:
+        if r.name == RAW:
+            raw[r.events] = r.per_second
         relays = "-" if r.relays is None else str(r.relays)
         share = f"{r.per_second / raw[r.events]:>6.0%}" if r.events in raw else "     -"
         rss = "-" if r.peak_rss_mb is None else f"{r.peak_rss_mb:.0f}"
@@ -458,7 +462,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--linger-ms", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--bootstrap", metavar="HOST:PORT",
-                        help="a running broker to measure against (default: a mock cluster)")
+                        help="a running broker to measure against (default: a mock cluster); "
+                        "Apache Kafka itself: the KAFKA_BOOTSTRAP_SERVERS scripts/kafka.sh "
+                        "start prints (topics auto-created with its durable defaults)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every line this many times, alternated (raw, relay, raw, "
+                        "relay, ...), each on fresh topics (default 1)")
     args = parser.parse_args(argv)
     url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL)
     _fresh_database(url)
@@ -473,10 +482,12 @@ def main(argv: list[str] | None = None) -> int:
     call_command("migrate", verbosity=0)
     relays = [n for n in args.relays or [1, 2] if n > 0]
     load_before = " ".join(f"{n:.1f}" for n in os.getloadavg())
-    results = measure(args.events or [100_000, 1_000_000],
-                      batches=args.batch_size or [BatchSpec()], relays=relays,
-                      whole_pass=args.whole_pass, db_floor=args.db_floor,
-                      linger_ms=args.linger_ms, bootstrap=args.bootstrap)
+    results = []
+    for _ in range(args.repeat):
+        results += measure(args.events or [100_000, 1_000_000],
+                           batches=args.batch_size or [BatchSpec()], relays=relays,
+                           whole_pass=args.whole_pass, db_floor=args.db_floor,
+                           linger_ms=args.linger_ms, bootstrap=args.bootstrap)
     broker = f"the broker at {args.bootstrap}" if args.bootstrap else "mock cluster of 3 brokers"
     load = " ".join(f"{n:.1f}" for n in os.getloadavg())
     print(f"relay benchmark: {broker}, linger {args.linger_ms} ms, {os.cpu_count()} cores, "

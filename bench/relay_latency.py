@@ -3,10 +3,13 @@ acknowledged delivery while the stream is nearly caught up, for the relay's read
 
     python bench/relay_latency.py [--batch-size default --batch-size 5000-fixed]
                                   [--shape trickle --shape bursts] [--seconds 8] [--json PATH]
+                                  [--bootstrap HOST:PORT,...]
 
 For each shape and batch size (as bench/relay_bench.py reads them: `default`, `N`, `N-fixed`):
 a `manage.py publish_outbox --loop` process with the relay's settings but for the batch size,
-on librdkafka's mock cluster (3 brokers, in this process), while this process writes outbox
+on librdkafka's mock cluster (3 brokers, in this process) or the cluster at `--bootstrap`
+(Apache Kafka itself: scripts/kafka.sh start; its topics auto-created replicated 3 times with
+min.insync.replicas 2, so acks=all waits for two brokers), while this process writes outbox
 rows for `--seconds`: `trickle` 10 rows every 10 ms, `bursts` 500 rows every 500 ms (a cycle's
 batch of owners), each write one transaction whose rows carry the time of the insert. Then it
 waits for the relay to catch up, stops it (SIGTERM) and reads each row's latency from the
@@ -133,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", choices=sorted(SHAPES), action="append")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--bootstrap", metavar="HOST:PORT,...",
+                        help="a running cluster (default: librdkafka's mock cluster)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from bench.relay_bench import DEFAULT_URL, BatchSpec, _fresh_database, _warm_up
@@ -150,14 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     django.setup()
     call_command("migrate", verbosity=0)
     results = []
+    run = os.urandom(4).hex()  # a cluster that outlives the run gets new topics each time
     with MockKafkaCluster(3) as cluster:
+        servers = args.bootstrap or cluster.bootstrap_servers
         for number, shape in enumerate(args.shape or ["trickle", "bursts"]):
             for spec in [BatchSpec.parse(b) for b in args.batch_size or ["default", "5000-fixed"]]:
-                topic = f"bench.latency.{shape}.{spec.label.replace(' ', '-')}"
-                _warm_up(cluster.bootstrap_servers, topic)
-                results.append(measure_latency(shape, spec, cluster.bootstrap_servers, topic,
+                topic = f"bench.latency.{run}.{shape}.{spec.label.replace(' ', '-')}"
+                _warm_up(servers, topic)
+                results.append(measure_latency(shape, spec, servers, topic,
                                                seconds=args.seconds, seed=(number + 1) << 32))
-    print(f"relay latency: mock cluster of 3 brokers, {os.cpu_count()} cores")
+    where = f"the cluster at {args.bootstrap}" if args.bootstrap else "mock cluster of 3 brokers"
+    print(f"relay latency: {where}, {os.cpu_count()} cores")
     print(f"{'shape':<8} {'batch':>10} {'events':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
           f"{'max ms':>7} {'mean ms':>7} {'batches':>7} {'load':>5}")
     for r in results:
