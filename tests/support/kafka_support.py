@@ -81,20 +81,24 @@ TopicMaker = Callable[..., str]
 def create_topic(cluster: KafkaCluster, name: str, *, partitions: int = PARTITIONS,
                  replication: int = 3, config: Mapping[str, str | None] | None = None) -> str:
     """Create `name` (durable by default; a setting given as None is not set on the topic, which
-    then inherits the brokers') and wait until every partition has a leader."""
+    then inherits the brokers') and wait until every broker's metadata gives each partition a
+    leader: a broker behind on the metadata log would tell a reader the topic has none."""
     admin = AdminClient(cluster.client_config())
     settings = {k: v for k, v in {**DURABLE_TOPIC, **(config or {})}.items() if v is not None}
     admin.create_topics([NewTopic(name, partitions, replication, config=settings)])[name].result(
         timeout=60)
-    deadline_tries = 200
-    for _ in range(deadline_tries):
-        topic = admin.list_topics(name, timeout=5).topics.get(name)
-        if (topic is not None and topic.error is None and len(topic.partitions) == partitions
-                and all(p.leader >= 0 for p in topic.partitions.values())):
-            return name
-        # a condition with a bound, not a sleep: the metadata call itself waits
-        admin.poll(0.05)
-    raise AssertionError(f"topic {name}: partitions without a leader after creation")
+    for node in cluster.nodes:
+        # bootstrapped on the one broker: its metadata request goes there
+        one = AdminClient({"bootstrap.servers": f"127.0.0.1:{node.plaintext}"})
+        wait_for(partial(_led, one, name, partitions), timeout=60,
+                 what=f"broker {node.id} to give every partition of {name} a leader")
+    return name
+
+
+def _led(admin: AdminClient, name: str, partitions: int) -> bool:
+    topic = admin.list_topics(name, timeout=5).topics.get(name)
+    return (topic is not None and topic.error is None and len(topic.partitions) == partitions
+            and all(p.leader >= 0 for p in topic.partitions.values()))
 
 
 @pytest.fixture
