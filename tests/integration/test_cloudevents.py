@@ -24,7 +24,7 @@ from tests.conftest import CycleRunner
 from tests.support.db_roles import as_role
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, expiring_in
-from tests.support.relay_support import as_relay, event_payload, relay_settings
+from tests.support.relay_support import as_relay, event_payload, relay_settings, stored_rows
 
 CE_TYPE = "pin.profile.document-expiry-reminder.v1"
 CE_SOURCE = "/pin/profile/document-expiry-reminder"
@@ -38,14 +38,6 @@ def as_cloudevent(record: Record) -> BaseCloudEvent:
     message = KafkaMessage(headers={k: v.encode() for k, v in record.headers.items()},
                            key=record.key.encode(), value=record.value)
     return from_binary(message, JSONFormat())
-
-
-def outbox_rows() -> dict[str, tuple[str, Any, datetime]]:
-    """Each row's id -> (key, stored headers, created_at), as the table owner reads them."""
-    with connection.cursor() as cursor:
-        cursor.execute("select id::text, message_key, headers::text, created_at"
-                       " from outbox_messages")
-        return {r[0]: (r[1], json.loads(r[2]), r[3]) for r in cursor.fetchall()}
 
 
 def assert_cloudevent(record: Record, row_id: str, created_at: datetime) -> None:
@@ -72,7 +64,7 @@ def test_a_cloudevents_consumer_reads_the_worker_s_events(
     for days in (29, 6, 0):
         documents(expires_at=expiring_in(days))
     run(AS_OF)
-    rows = outbox_rows()
+    rows = stored_rows()
     assert len(rows) == 3
     with as_relay():
         assert Relay(relay_settings(kafka.bootstrap_servers)).run_pass().published == 3
@@ -80,11 +72,11 @@ def test_a_cloudevents_consumer_reads_the_worker_s_events(
     records = read_topic(kafka.bootstrap_servers)
     assert sorted(r.message_id for r in records) == sorted(rows)
     for record in records:
-        key, stored, created_at = rows[record.message_id]
+        row = rows[record.message_id]
         # Stored at insert (outbox_headers), sent as stored.
-        assert stored["ce_id"] == record.message_id and stored["ce_subject"] == key
-        assert record.headers == stored
-        assert_cloudevent(record, record.message_id, created_at)
+        assert row.headers["ce_id"] == record.message_id and row.headers["ce_subject"] == row.key
+        assert record.headers == row.headers
+        assert_cloudevent(record, record.message_id, row.created_at)
 
 
 def insert_previous_release_row(owner: str, headers_sql: str, params: list[Any]) -> str:
@@ -128,14 +120,14 @@ def test_a_row_of_the_previous_release_reaches_the_topic_as_a_cloudevent(
         with connection.cursor() as cursor:
             cursor.execute("update outbox_messages set detoured_at = now(), attempts = 1"
                            " where id = %s", [row_id])
-    [(_key, stored, created_at)] = outbox_rows().values()
-    assert "ce_id" not in stored
+    [row] = stored_rows().values()
+    assert "ce_id" not in row.headers
     with as_relay():
         stats = Relay(relay_settings(kafka.bootstrap_servers)).run_pass()
 
     assert stats.published == 1
     [record] = read_topic(kafka.bootstrap_servers)
-    assert_cloudevent(record, row_id, created_at)
+    assert_cloudevent(record, row_id, row.created_at)
     assert record.headers["correlation_id"] == "run-1"
     assert record.headers["aggregate_type"] == events.AGGREGATE_TYPE
     if form == "seven arguments, before 0014":
@@ -150,13 +142,13 @@ def test_a_writer_s_extra_headers_never_replace_the_cloudevents_headers(
         owner, "outbox_headers(%s, 'run-1', %s, %s, %s, %s, %s::jsonb)",
         [events.EVENT_TYPE, events.CONTRACT_VERSION, events.AGGREGATE_TYPE, owner,
          json.dumps(FORGED)])
-    [(_key, stored, created_at)] = outbox_rows().values()
+    [row] = stored_rows().values()
     with as_relay():
         assert Relay(relay_settings(kafka.bootstrap_servers)).run_pass().published == 1
 
-    assert stored["ce_id"] == row_id
+    assert row.headers["ce_id"] == row_id
     [record] = read_topic(kafka.bootstrap_servers)
-    assert_cloudevent(record, row_id, created_at)
+    assert_cloudevent(record, row_id, row.created_at)
 
 
 @pytest.mark.parametrize(("event_type", "name"), [

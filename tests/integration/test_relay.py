@@ -23,7 +23,6 @@ from outbox.wakeup import Wakeup
 from reminders import events
 from tests.conftest import CycleRunner, test_database_url
 from tests.support import chaos_report
-from tests.support.contract import assert_event_valid
 from tests.support.db_roles import as_role
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, database_now, expiring_in
@@ -31,16 +30,19 @@ from tests.support.relay_support import (
     BASE_TIME,
     RelayThread,
     as_relay,
+    assert_sent_as_stored,
     event_payload,
     first_seen_order,
     insert_outbox,
     interleaved_rows,
     outbox_state,
     read_stream,
-    relay_lock_holders,
     relay_settings,
+    standby_takeover,
+    stored_rows,
     unpublished_count,
     wait_for,
+    written_order,
 )
 from tests.support.tansu_support import tansu_version
 
@@ -57,10 +59,7 @@ def test_events_reach_the_topic_with_key_payload_headers_and_the_contract_intact
     shared = documents(expires_at=expiring_in(3))
     documents(expires_at=expiring_in(1), owner_user_id=shared.owner_user_id)
     run(AS_OF)
-    with connection.cursor() as cursor:
-        cursor.execute("select id, message_key, payload::text, headers::text, created_at"
-                       " from outbox_messages")
-        rows = {str(r[0]): r for r in cursor.fetchall()}
+    rows = stored_rows()
     assert len(rows) == 6
 
     with as_relay():
@@ -70,19 +69,7 @@ def test_events_reach_the_topic_with_key_payload_headers_and_the_contract_intact
     records = read_topic(bootstrap_servers)
     assert sorted(r.message_id for r in records) == sorted(rows)
     for record in records:
-        row_id, key, payload, headers, created_at = rows[record.message_id]
-        body = record.json()
-        assert_event_valid(body)
-        assert body == json.loads(payload)
-        assert record.key == key == body["ownerUserId"]
-        stored = json.loads(headers)
-        # Stored with the aggregate (outbox migration 0010), and sent as stored.
-        assert (stored["aggregate_type"], stored["aggregate_id"]) == (events.AGGREGATE_TYPE, key)
-        assert record.headers == stored
-        assert record.headers["message_id"] == str(row_id)
-        assert record.headers["event_type"] == events.EVENT_TYPE
-        assert record.headers["contract_version"] == "1"
-        assert record.timestamp_ms == int(created_at.timestamp() * 1000)
+        assert_sent_as_stored(record, rows[record.message_id])
     [two_documents] = [r.json() for r in records if r.key == str(shared.owner_user_id)]
     assert len(two_documents["documents"]) == 2
     # Published in the stream: by the position, with no row written after the insert.
@@ -96,32 +83,9 @@ def test_events_reach_the_topic_with_key_payload_headers_and_the_contract_intact
 def test_one_relay_leads_and_a_standby_takes_over_when_its_session_dies_order_per_key_holds(
     transactional_db: None, kafka: MockKafkaCluster
 ) -> None:
-    settings = relay_settings(kafka.bootstrap_servers, batch_size=7)
-    resume = threading.Event()  # the first leader's backoff after its session died lasts until set
-    first = RelayThread(settings, relay_id="relay-1", wait=lambda _delay: resume.wait(60))
-    second = RelayThread(settings, relay_id="relay-2")
-    first.start()
-    wait_for(lambda: bool(relay_lock_holders()), timeout=30, what="the first relay to lead")
-    second.start()
-    try:
-        before = interleaved_rows(keys=30, per_key=4)
-        wait_for(lambda: unpublished_count() == 0, timeout=60, what="every row published")
-        assert (first.relay.stats.published, second.relay.stats.published) == (120, 0)
-        [leader_pid] = relay_lock_holders()
-        with connection.cursor() as cursor:
-            cursor.execute("select pg_terminate_backend(%s)", [leader_pid])
-        after = interleaved_rows(keys=30, per_key=4)
-        wait_for(lambda: unpublished_count() == 0, timeout=60, what="the standby to publish")
-        assert second.relay.stats.published == 120  # the standby took over
-        assert first.relay.stats.published == 120  # the first relay sent nothing more
-    finally:
-        resume.set()
-        for relay in (first, second):
-            relay.stop_and_join()
-
-    written = {**before, **after}
+    written = standby_takeover(relay_settings(kafka.bootstrap_servers, batch_size=7))
     records = read_topic(kafka.bootstrap_servers)
-    assert first_seen_order(records) == {k: [str(i) for i in ids] for k, ids in written.items()}
+    assert first_seen_order(records) == written_order(written)
 
 
 def test_a_row_a_writer_of_the_previous_release_stored_is_sent_with_its_aggregate(

@@ -7,26 +7,22 @@ The round trip runs on both brokers in test_relay.py."""
 import json
 import signal
 import urllib.request
-import uuid
 from collections import Counter
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.db import connection
 from prometheus_client.parser import text_string_to_metric_families
 
 from devtools.topic import Record, read_topic
 from outbox.relay import Relay
-from reminders import events
 from tests.acceptance.test_relay_process import relay_env, start_relay
 from tests.support import chaos_report
 from tests.support.relay_support import (
     BASE_TIME,
     RelayThread,
     as_relay,
-    event_payload,
+    bulk_rows,
     first_seen_order,
     insert_outbox,
     interleaved_rows,
@@ -78,33 +74,6 @@ def test_order_per_key_holds_with_two_relays_on_tansu(
     chaos_report.record("relay on Tansu: order per key, 2 relays", keys=30, rows=240,
                         published=[r.relay.stats.published for r in relays],
                         out_of_order_keys=0)
-
-
-def bulk_rows(keys: int, per_key: int) -> dict[str, list[uuid.UUID]]:
-    """As relay_support.interleaved_rows, in one statement (thousands of rows in a moment)."""
-    owners = [str(uuid.uuid4()) for _ in range(keys)]
-    written: dict[str, list[uuid.UUID]] = {o: [] for o in owners}
-    ids, keys_, bodies, headers, created = [], [], [], [], []
-    for seq, (round_, owner) in enumerate(
-            ((r, o) for r in range(per_key) for o in owners), start=1):
-        row_id = uuid.uuid4()
-        written[owner].append(row_id)
-        ids.append(row_id)
-        keys_.append(owner)
-        bodies.append(json.dumps(event_payload(owner, round_)))
-        headers.append(json.dumps({"message_id": str(row_id), "event_type": events.EVENT_TYPE,
-                                   "contract_version": str(events.CONTRACT_VERSION),
-                                   "correlation_id": str(uuid.uuid4())}))
-        created.append(BASE_TIME + timedelta(milliseconds=seq))
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "insert into outbox_messages (id, aggregate_type, aggregate_id, event_type,"
-            " contract_version, topic, message_key, payload, headers, created_at)"
-            " select i, %s, k, %s, %s, %s, k, p, h, c from unnest(%s::uuid[], %s::text[],"
-            " %s::jsonb[], %s::jsonb[], %s::timestamptz[]) as t(i, k, p, h, c)",
-            [events.AGGREGATE_TYPE, events.EVENT_TYPE, events.CONTRACT_VERSION, events.TOPIC,
-             ids, keys_, bodies, headers, created])
-    return written
 
 
 def _published_ids() -> set[str]:

@@ -11,14 +11,38 @@ leader election off). A test that kills, stops or cuts off brokers takes `own_ka
 instead, a cluster of its own for that test alone."""
 
 import os
+import secrets
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (
+    AclBinding,
+    AclBindingFilter,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialDeletion,
+    UserScramCredentialUpsertion,
+)
+from django.db import connection
 
-from devtools.kafka_cluster import KafkaCluster
+from devtools.kafka_cluster import SCRAM, KafkaCluster
+from reminders import events
+from tests.support.relay_support import wait_for
 
 SHARED_DIR_VAR = "TEST_KAFKA_CLUSTER_DIR"
 DURABLE_TOPIC = {"min.insync.replicas": "2", "unclean.leader.election.enable": "false"}
@@ -55,21 +79,26 @@ TopicMaker = Callable[..., str]
 
 
 def create_topic(cluster: KafkaCluster, name: str, *, partitions: int = PARTITIONS,
-                 replication: int = 3, config: dict[str, str] | None = None) -> str:
-    """Create `name` (durable by default) and wait until every partition has a leader."""
+                 replication: int = 3, config: Mapping[str, str | None] | None = None) -> str:
+    """Create `name` (durable by default; a setting given as None is not set on the topic, which
+    then inherits the brokers') and wait until every broker's metadata gives each partition a
+    leader: a broker behind on the metadata log would tell a reader the topic has none."""
     admin = AdminClient(cluster.client_config())
-    settings = {**DURABLE_TOPIC, **(config or {})}
+    settings = {k: v for k, v in {**DURABLE_TOPIC, **(config or {})}.items() if v is not None}
     admin.create_topics([NewTopic(name, partitions, replication, config=settings)])[name].result(
         timeout=60)
-    deadline_tries = 200
-    for _ in range(deadline_tries):
-        topic = admin.list_topics(name, timeout=5).topics.get(name)
-        if (topic is not None and topic.error is None and len(topic.partitions) == partitions
-                and all(p.leader >= 0 for p in topic.partitions.values())):
-            return name
-        # a condition with a bound, not a sleep: the metadata call itself waits
-        admin.poll(0.05)
-    raise AssertionError(f"topic {name}: partitions without a leader after creation")
+    for node in cluster.nodes:
+        # bootstrapped on the one broker: its metadata request goes there
+        one = AdminClient({"bootstrap.servers": f"127.0.0.1:{node.plaintext}"})
+        wait_for(partial(_led, one, name, partitions), timeout=60,
+                 what=f"broker {node.id} to give every partition of {name} a leader")
+    return name
+
+
+def _led(admin: AdminClient, name: str, partitions: int) -> bool:
+    topic = admin.list_topics(name, timeout=5).topics.get(name)
+    return (topic is not None and topic.error is None and len(topic.partitions) == partitions
+            and all(p.leader >= 0 for p in topic.partitions.values()))
 
 
 @pytest.fixture
@@ -81,3 +110,111 @@ def real_topic(kafka_cluster: KafkaCluster) -> TopicMaker:
         return create_topic(kafka_cluster, name, **options)  # type: ignore[arg-type]
 
     return make
+
+
+@contextmanager
+def rows_sent_to(topic: str) -> Iterator[None]:
+    """Within: the outbox's rows bound for `topic`. The worker writes the contract's topic,
+    which every test of the shared cluster would share, so a test moves its rows to a fresh
+    one, and back after (the `documents` fixture's contract check expects the contract's)."""
+
+    def bound_for(name: str) -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("update outbox_messages set topic = %s", [name])
+
+    bound_for(topic)
+    try:
+        yield
+    finally:
+        bound_for(events.TOPIC)
+
+
+def broker_setting(cluster: KafkaCluster, name: str) -> list[ConfigEntry]:
+    """`name` as each broker reports it (its value and where it comes from)."""
+    admin = AdminClient(cluster.client_config())
+    found = []
+    for node in cluster.nodes:  # DescribeConfigs takes one broker resource per call
+        broker = ConfigResource(ConfigResource.Type.BROKER, str(node.id))
+        found.append(admin.describe_configs([broker])[broker].result(timeout=30)[name])
+    return found
+
+
+@contextmanager
+def broker_default(cluster: KafkaCluster, name: str, value: str) -> Iterator[None]:
+    """Within: `name=value` as the cluster-wide dynamic default of the brokers, what a topic
+    without a setting of its own inherits; after: the default as it was (none: the brokers'
+    server.properties again). Kafka's ConfigCommand sets it: confluent-kafka's admin client
+    takes no broker resource without a broker id."""
+    dynamic = ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value
+    before = next((e.value for e in broker_setting(cluster, name)
+                   if int(e.source) == dynamic), None)
+    config_command(cluster, "--add-config", f"{name}={value}")
+    try:
+        wait_for(lambda: {e.value for e in broker_setting(cluster, name)} == {value},
+                 timeout=30, what=f"every broker to take the default {name}={value}")
+        yield
+    finally:
+        if before is None:
+            config_command(cluster, "--delete-config", name)
+        elif before != value:
+            config_command(cluster, "--add-config", f"{name}={before}")
+        wait_for(lambda: value not in {e.value for e in broker_setting(cluster, name)}
+                 or before == value, timeout=30, what=f"the default {name} restored")
+
+
+def config_command(cluster: KafkaCluster, *alter: str) -> None:
+    """kafka-configs.sh --entity-type brokers --entity-default --alter `alter`."""
+    done = cluster.java("kafka.admin.ConfigCommand", "--bootstrap-server",
+                        cluster.bootstrap_servers, "--entity-type", "brokers", "--entity-default",
+                        "--alter", *alter)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+# The audit's consumer groups (audit/topic.py names each reader's group so).
+AUDIT_GROUPS = "audit-reminders-"
+
+
+@contextmanager
+def topic_reader(cluster: KafkaCluster, topic: str) -> Iterator[dict[str, str]]:
+    """Within: a SCRAM user of its own that may read `topic` and nothing else (READ and DESCRIBE
+    on it, READ on the audit's groups), as KAFKA_* settings over SASL_SSL. The other topics of
+    the shared cluster, the contract's among them, do not exist for it. Removed after."""
+    user, password = f"pin-test-{uuid.uuid4().hex[:12]}", secrets.token_urlsafe(18)
+    admin = AdminClient(cluster.client_config())
+    credential = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
+    admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
+        user, credential, password.encode())])[user].result(timeout=30)
+    allow = [(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, AclOperation.READ),
+             (ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, AclOperation.DESCRIBE),
+             (ResourceType.GROUP, AUDIT_GROUPS, ResourcePatternType.PREFIXED, AclOperation.READ)]
+    acls = [AclBinding(kind, name, pattern, f"User:{user}", "*", operation,
+                       AclPermissionType.ALLOW) for kind, name, pattern, operation in allow]
+    for future in admin.create_acls(acls).values():
+        future.result(timeout=30)
+    config = {**cluster.client_config("admin"), "sasl.username": user, "sasl.password": password}
+    try:
+        for node in cluster.nodes:  # each broker knows the user and its ACLs before it is used
+            wait_for(partial(_sees, config, node.sasl_ssl, topic), timeout=30,
+                     what=f"broker {node.id} to let the new user describe {topic}")
+        yield {"KAFKA_BOOTSTRAP_SERVERS": cluster.sasl_ssl_bootstrap_servers,
+               "KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_MECHANISM": SCRAM,
+               "KAFKA_SASL_USERNAME": user, "KAFKA_SASL_PASSWORD": password,
+               "KAFKA_SSL_CA_LOCATION": str(cluster.ca_location)}
+    finally:
+        for future in admin.delete_acls(
+                [AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY,
+                                  f"User:{user}", None, AclOperation.ANY,
+                                  AclPermissionType.ANY)]).values():
+            future.result(timeout=30)
+        admin.alter_user_scram_credentials([UserScramCredentialDeletion(
+            user, ScramMechanism.SCRAM_SHA_512)])[user].result(timeout=30)
+
+
+def _sees(config: dict[str, Any], port: int, topic: str) -> bool:
+    """Whether a client of `config`, on the broker at `port` alone, may describe `topic`."""
+    admin = AdminClient({**config, "bootstrap.servers": f"127.0.0.1:{port}", "log_level": 0})
+    try:
+        found = admin.list_topics(topic, timeout=2).topics.get(topic)
+    except KafkaException:
+        return False
+    return found is not None and found.error is None

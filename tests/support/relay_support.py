@@ -25,6 +25,7 @@ from outbox.relay import Relay
 from outbox.wakeup import Wakeup
 from reminders import events
 from tests.conftest import test_database_url
+from tests.support.contract import assert_event_valid
 from tests.support.db_roles import as_role
 
 TOPIC = events.TOPIC
@@ -126,7 +127,44 @@ def insert_outbox(
     return Row(row_id, key, created_at)
 
 
-def interleaved_rows(keys: int, per_key: int) -> dict[str, list[uuid.UUID]]:
+@dataclass(frozen=True)
+class StoredRow:
+    """An outbox row as the table owner reads it: what the relay must send."""
+
+    id: str
+    key: str
+    payload: Any
+    headers: dict[str, str]
+    created_at: datetime
+
+
+def stored_rows() -> dict[str, StoredRow]:
+    """Every outbox row by message id, in the stream's order."""
+    with connection.cursor() as cursor:
+        cursor.execute("select id::text, message_key, payload::text, headers::text, created_at"
+                       " from outbox_messages order by txid, seq")
+        return {r[0]: StoredRow(r[0], r[1], json.loads(r[2]), json.loads(r[3]), r[4])
+                for r in cursor.fetchall()}
+
+
+def assert_sent_as_stored(record: Record, row: StoredRow) -> None:
+    """`record` is `row` as the contract sends it: keyed by the owner, the payload (valid by the
+    contract) as its value, every stored header (the aggregate's with them, outbox migration
+    0010) and nothing else, stamped with the row's created_at."""
+    body = record.json()
+    assert_event_valid(body)
+    assert body == row.payload
+    assert record.key == row.key == body["ownerUserId"]
+    assert (row.headers["aggregate_type"], row.headers["aggregate_id"]) == (
+        events.AGGREGATE_TYPE, row.key)
+    assert record.headers == row.headers
+    assert record.headers["message_id"] == row.id
+    assert record.headers["event_type"] == events.EVENT_TYPE
+    assert record.headers["contract_version"] == str(events.CONTRACT_VERSION)
+    assert record.timestamp_ms == int(row.created_at.timestamp() * 1000)
+
+
+def interleaved_rows(keys: int, per_key: int, *, topic: str = TOPIC) -> dict[str, list[uuid.UUID]]:
     """`per_key` rows for each of `keys` owners, written round-robin (1st of every key, then
     2nd, ...), with distinct increasing created_at; message ids per key in written order."""
     owners = [str(uuid.uuid4()) for _ in range(keys)]
@@ -136,9 +174,41 @@ def interleaved_rows(keys: int, per_key: int) -> dict[str, list[uuid.UUID]]:
         for owner in owners:
             seq += 1
             row = insert_outbox(owner, created_at=BASE_TIME + timedelta(milliseconds=seq),
-                                seq=round_)
+                                seq=round_, topic=topic)
             written[owner].append(row.id)
     return written
+
+
+def bulk_rows(keys: int, per_key: int, *, topic: str = TOPIC) -> dict[str, list[uuid.UUID]]:
+    """As interleaved_rows, in one statement (thousands of rows in a moment)."""
+    owners = [str(uuid.uuid4()) for _ in range(keys)]
+    written: dict[str, list[uuid.UUID]] = {o: [] for o in owners}
+    ids, keys_, bodies, headers, created = [], [], [], [], []
+    for seq, (round_, owner) in enumerate(
+            ((r, o) for r in range(per_key) for o in owners), start=1):
+        row_id = uuid.uuid4()
+        written[owner].append(row_id)
+        ids.append(row_id)
+        keys_.append(owner)
+        bodies.append(json.dumps(event_payload(owner, round_)))
+        headers.append(json.dumps({"message_id": str(row_id), "event_type": events.EVENT_TYPE,
+                                   "contract_version": str(events.CONTRACT_VERSION),
+                                   "correlation_id": str(uuid.uuid4())}))
+        created.append(BASE_TIME + timedelta(milliseconds=seq))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "insert into outbox_messages (id, aggregate_type, aggregate_id, event_type,"
+            " contract_version, topic, message_key, payload, headers, created_at)"
+            " select i, %s, k, %s, %s, %s, k, p, h, c from unnest(%s::uuid[], %s::text[],"
+            " %s::jsonb[], %s::jsonb[], %s::timestamptz[]) as t(i, k, p, h, c)",
+            [events.AGGREGATE_TYPE, events.EVENT_TYPE, events.CONTRACT_VERSION, topic,
+             ids, keys_, bodies, headers, created])
+    return written
+
+
+def written_order(written: dict[str, list[uuid.UUID]]) -> dict[str, list[str]]:
+    """Message ids per key in written order, as first_seen_order reports them."""
+    return {key: [str(i) for i in ids] for key, ids in written.items()}
 
 
 @contextmanager
@@ -245,3 +315,33 @@ class RelayThread(threading.Thread):
         assert not self.is_alive(), "relay thread did not stop"
         if self.error is not None:
             raise self.error
+
+
+def standby_takeover(settings: RelaySettings, *, topic: str = TOPIC) -> dict[str, list[uuid.UUID]]:
+    """Two relays on `settings`: the first leads and publishes 120 rows (30 owners, 4 each)
+    while the second stands by; the leader's session is ended (pg_terminate_backend; its
+    backoff after that lasts until the end), and the standby takes over and publishes 120
+    more, the first sending nothing more (asserted). The rows' message ids per owner, in
+    written order, for the caller to check the topic against."""
+    resume = threading.Event()
+    first = RelayThread(settings, relay_id="relay-1", wait=lambda _delay: resume.wait(60))
+    second = RelayThread(settings, relay_id="relay-2")
+    first.start()
+    wait_for(lambda: bool(relay_lock_holders()), timeout=30, what="the first relay to lead")
+    second.start()
+    try:
+        before = interleaved_rows(keys=30, per_key=4, topic=topic)
+        wait_for(lambda: unpublished_count() == 0, timeout=60, what="every row published")
+        assert (first.relay.stats.published, second.relay.stats.published) == (120, 0)
+        [leader_pid] = relay_lock_holders()
+        with connection.cursor() as cursor:
+            cursor.execute("select pg_terminate_backend(%s)", [leader_pid])
+        after = interleaved_rows(keys=30, per_key=4, topic=topic)
+        wait_for(lambda: unpublished_count() == 0, timeout=60, what="the standby to publish")
+        assert second.relay.stats.published == 120  # the standby took over
+        assert first.relay.stats.published == 120  # the first relay sent nothing more
+    finally:
+        resume.set()
+        for relay in (first, second):
+            relay.stop_and_join()
+    return {**before, **after}
