@@ -12,6 +12,7 @@ import argparse
 import json
 import secrets
 import shlex
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -253,9 +254,12 @@ def test_a_wrong_password_is_refused_in_one_line_nothing_recorded_and_no_secret_
     grant(kafka_cluster, principal, documented_acls(principal, RELAY, topic))
     write_rows(topic)
     wrong = f"wrong-{secrets.token_urlsafe(12)}"
-    env = sasl_env(kafka_cluster, principal, KAFKA_SASL_PASSWORD=wrong)
+    env = sasl_env(kafka_cluster, principal, KAFKA_SASL_PASSWORD=wrong,
+                   OUTBOX_DELIVERY_TIMEOUT="30s")  # the default
 
+    started = time.monotonic()
     done = run_relay(env)
+    took_s = time.monotonic() - started
     # librdkafka's own SASL and security lines too, at the relay's most verbose
     verbose = run_relay({**env, "LOG_LEVEL": "DEBUG",
                          "KAFKA_PRODUCER_CONFIG": '{"debug": "security,broker,protocol"}'})
@@ -265,6 +269,7 @@ def test_a_wrong_password_is_refused_in_one_line_nothing_recorded_and_no_secret_
     assert "invalid credentials with SASL mechanism SCRAM-SHA-512" in line
     assert line.endswith("check KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD")
     assert done.stdout == ""
+    assert took_s < 15, "the refusal waited for the delivery timeout"  # about 1 s when idle
     assert verbose.returncode == 1, verbose.stderr
     assert len(verbose.stderr.splitlines()) > 20  # librdkafka's debug lines were there to read
     for shown in (done.stdout, done.stderr, verbose.stdout, verbose.stderr):
