@@ -2,8 +2,9 @@
 partition of the topic, from `offsets_for_times` at the window's start to the end, with the
 relay's Kafka settings (TLS and SASL included), and reconciled with the table.
 
-The reader is assigned its partitions: it joins no consumer group (librdkafka wants a
-group.id all the same; a fresh one, never used) and commits nothing.
+The reader is assigned its partitions: it joins no consumer group (confluent-kafka wants a
+group.id all the same; a fresh one, never used) and commits nothing. Its ACLs: Read on the
+topic, Describe on the groups prefixed GROUP_PREFIX (docs/operations.md, "Kafka ACLs").
 """
 
 import time
@@ -18,9 +19,13 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from outbox.config import RelaySettings
 from outbox.kafka import client_config
-from outbox.kafka_errors import refused
+from outbox.kafka_errors import not_authorized, principal, refused
 from outbox.kafka_log import LibrdkafkaLog
 from outbox.redaction import redact, secrets
+
+# The reader's throwaway group ids start with this: librdkafka looks up the coordinator of its
+# group (FindCoordinator, Describe on the group), though it joins none and commits nothing.
+GROUP_PREFIX = "audit-reminders-"
 
 
 class TopicEvent(NamedTuple):
@@ -60,7 +65,7 @@ class TopicReader:
     def _consumer(self) -> Consumer:
         return Consumer({
             **client_config(self.settings),
-            "group.id": f"audit-reminders-{uuid.uuid4()}",
+            "group.id": f"{GROUP_PREFIX}{uuid.uuid4()}",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
@@ -77,7 +82,14 @@ class TopicReader:
         })
 
     def _fail(self, exc: BaseException | None = None) -> Exception:
-        for error in self._errors:
+        raised = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+        for error in [*self._errors, *([raised] if isinstance(raised, KafkaError) else [])]:
+            if not_authorized(error):
+                return BrokerRefusedError(redact(
+                    f"kafka refused the audit ({self.settings.security.protocol}): "
+                    f"{error.str()}; check the ACLs of {principal(self.settings)}: Read on the "
+                    f"topic, Describe on the groups prefixed {GROUP_PREFIX} (docs/operations.md, "
+                    '"Kafka ACLs")', self.settings))
             if refused(error):
                 return BrokerRefusedError(redact(
                     f"kafka refused the audit ({self.settings.security.protocol}): {error.str()}; "
@@ -111,6 +123,8 @@ class TopicReader:
                 consumer.poll(0.1)  # serves error_cb: a refusal ends the wait at once
                 if any(refused(e) for e in self._errors) or time.monotonic() > connect_by:
                     raise self._fail(exc) from None
+        # The broker lists only the topics the ACLs let the audit describe.
+        self._refuse_unlisted(consumer, [t for t in topics if t not in metadata.topics], deadline)
         since_ms, until_ms = int(since.timestamp() * 1000), int(until.timestamp() * 1000)
         wanted = [TopicPartition(t, p, since_ms) for t in topics if t in metadata.topics
                   and metadata.topics[t].error is None
@@ -147,6 +161,17 @@ class TopicReader:
                     key=(message.key() or b"").decode(errors="replace"),
                     partition=message.partition(), offset=message.offset(), timestamp_ms=stamp))
         return sorted(records, key=lambda r: (r.partition, r.offset))
+
+    @staticmethod
+    def _refuse_unlisted(consumer: Consumer, topics: list[str], deadline: float) -> None:
+        """Topics the listing lacks, asked for by name: one that does not exist has no record,
+        one the audit may not describe raises (not an empty topic: every event would look
+        missing from it)."""
+        for topic in topics:
+            found = consumer.list_topics(topic, timeout=max(1.0, deadline - time.monotonic()))
+            error = found.topics[topic].error if topic in found.topics else None
+            if error is not None and not_authorized(error):
+                raise KafkaException(error)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,8 @@
 """Which Kafka errors mean "the broker is unavailable" (wait and retry, no attempt counted),
 "this partition cannot take it now" (a kind of the first: defer it, no attempt counted),
 "this message cannot be delivered" (count an attempt, park it eventually), or "the broker
-refused the relay" (wrong credentials or certificate: stop, exit 1); and how an error is shown."""
+refused the relay" (wrong credentials or certificate, or a principal that may not produce:
+stop, exit 1); and how an error is shown."""
 
 import re
 
@@ -76,13 +77,24 @@ UNDELIVERABLE_CODES = frozenset({
 
 
 # The broker refused the relay itself: credentials, SASL mechanism, or the TLS handshake
-# (certificate not trusted, host name mismatch). Waiting does not change that.
+# (certificate not trusted, host name mismatch); or its principal may not produce at all (the
+# idempotent producer's id is refused without Write on any topic: CLUSTER_AUTHORIZATION_FAILED,
+# fatal). Waiting does not change that.
 REFUSED_CODES = frozenset({
     KafkaError._AUTHENTICATION,
     KafkaError._SSL,
     KafkaError.SASL_AUTHENTICATION_FAILED,
     KafkaError.UNSUPPORTED_SASL_MECHANISM,
     KafkaError.ILLEGAL_SASL_STATE,
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+})
+
+# The broker knows the client, and its ACLs do not allow what it asked (docs/operations.md,
+# "Kafka ACLs").
+NOT_AUTHORIZED_CODES = frozenset({
+    KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
+    KafkaError.GROUP_AUTHORIZATION_FAILED,
 })
 
 
@@ -133,6 +145,22 @@ def describe(error: KafkaError) -> str:
     return f"{error.name()}: {ERROR_TAIL.sub('', error.str())}"
 
 
+def not_authorized(error: KafkaError) -> bool:
+    """True when the broker's ACLs do not allow this client what it asked."""
+    return error.code() in NOT_AUTHORIZED_CODES
+
+
+def principal(settings: RelaySettings) -> str:
+    """Who the broker's ACLs name: the SASL user, the client certificate's subject, or (neither)
+    User:ANONYMOUS."""
+    security = settings.security
+    if security.uses_sasl:
+        return f"User:{security.sasl_username}"
+    if security.ssl_certificate_location:
+        return "the principal of the client certificate"
+    return "User:ANONYMOUS"
+
+
 def refusal(error: KafkaError, settings: RelaySettings) -> KafkaRefusedError:
     """The one line an operator reads when the broker refused the relay."""
     security = settings.security
@@ -140,6 +168,9 @@ def refusal(error: KafkaError, settings: RelaySettings) -> KafkaRefusedError:
         check = ("KAFKA_SSL_CA_LOCATION (the CA that signed the broker's certificate), "
                  "KAFKA_SSL_ENDPOINT_IDENTIFICATION, and KAFKA_SSL_CERTIFICATE_LOCATION and "
                  "KAFKA_SSL_KEY_LOCATION (the client certificate the broker may demand)")
+    elif not_authorized(error):
+        check = (f"the ACLs of {principal(settings)}: Write and DescribeConfigs on the topic "
+                 "(docs/operations.md, \"Kafka ACLs\")")
     else:
         check = "KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD"
     how = security.protocol + (f" {security.sasl_mechanism}" if security.uses_sasl else "")

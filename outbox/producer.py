@@ -31,6 +31,8 @@ from outbox.store import Position, Read, ReadMessage
 # Extra time past the producer's own delivery timeout before the relay stops waiting.
 FLUSH_MARGIN_S = 5.0
 FLUSH_SLICE_S = 0.2
+# A metadata request's first wait; then twice as long each time, the callbacks served between.
+METADATA_SLICE_S = 0.5
 
 
 @dataclass(slots=True, eq=False)  # a batch is itself: compared by identity
@@ -114,15 +116,19 @@ class RelayProducer:
         if error.fatal():
             self._fatal = error
         if refused(error):
-            if self._refused is None:
-                self._refused = error
-                self._emit(logging.ERROR, "kafka refused the relay", {"error": describe(error)})
+            self._refuse(error)
             return
         if error.fatal():
             return  # said by the replacement's line ("producer failed fatally")
         if self._refused is not None and error.code() == KafkaError._ALL_BROKERS_DOWN:
             return  # the refusal's consequence, already said
         self.outage.failed(describe(error))
+
+    def _refuse(self, error: KafkaError) -> None:
+        """The broker refused the relay: said once; the relay stops (check_refused)."""
+        if self._refused is None:
+            self._refused = error
+            self._emit(logging.ERROR, "kafka refused the relay", {"error": describe(error)})
 
     def _on_statistics(self, text: str) -> None:
         """librdkafka's statistics: the metrics, and a broker up means Kafka answers again."""
@@ -169,6 +175,8 @@ class RelayProducer:
             if not (isinstance(error, KafkaError) and error.fatal()):
                 raise
             self._fatal = self._fatal or error
+            if refused(error):  # a principal that may not produce: no new producer may either
+                self._refuse(error)
             return None
 
     def _drop(self, producer: Producer) -> None:
@@ -207,16 +215,26 @@ class RelayProducer:
         return not self._stop.is_set() and self._ask_metadata() is None
 
     def _ask_metadata(self) -> KafkaException | None:
-        """One metadata request, up to the delivery timeout: None if a broker answered, else
-        the failure (the error callback, served after it, classifies what happened)."""
+        """A metadata request, up to the delivery timeout: None if a broker answered, else
+        the failure (the error callback, served after it, classifies what happened). Asked
+        again after a slice that doubles each time, the callbacks served between, so that a
+        refusal (a wrong password, a principal that may not produce) ends the wait early and
+        a slow broker still gets the whole timeout."""
         producer = self.producer
-        try:
-            producer.list_topics(timeout=self.settings.delivery_timeout.total_seconds())
-        except KafkaException as exc:
-            return exc
-        finally:
-            self._poll(producer, 0)
-        return None
+        deadline = time.monotonic() + self.settings.delivery_timeout.total_seconds()
+        slice_s = METADATA_SLICE_S
+        while True:
+            try:
+                producer.list_topics(timeout=max(0.0, min(slice_s, deadline - time.monotonic())))
+            except KafkaException as exc:
+                failure = exc
+            else:
+                return None
+            finally:
+                self._poll(producer, 0)
+            if self._refused is not None or time.monotonic() >= deadline:
+                return failure
+            slice_s *= 2
 
     def _produce(self, producer: Producer, message: ReadMessage,
                  errors: dict[str, KafkaError], failed: Callable[..., None]) -> None:
@@ -317,7 +335,7 @@ class RelayProducer:
 
     def close(self) -> None:
         """Let the producer finish (nothing is in flight between batches) and drop it."""
-        if self._fatal is not None:  # failed at the end of a pass: no replacement said it
+        if self._fatal is not None and self._refused is None:  # no replacement said it
             self._emit(logging.ERROR, "producer failed fatally", {"error": describe(self._fatal)})
             self._fatal = None
         if self._producer is not None:

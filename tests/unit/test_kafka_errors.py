@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from core.supervise import backoff_delay
 from outbox import kafka_errors, kafka_log
+from outbox.config import load_relay_settings
 from outbox.kafka_errors import broker_unavailable
 
 
@@ -66,6 +67,31 @@ def test_refusals_are_told_apart_from_an_unavailable_broker() -> None:
     assert kafka_errors.refused(KafkaError(KafkaError._TRANSPORT, (
         "ssl://127.0.0.1:24528/bootstrap: error:0A000086:SSL routines::certificate verify"
         " failed")))
+
+
+def test_a_principal_that_may_not_produce_is_a_refusal_naming_its_acls() -> None:
+    # The idempotent producer's id refused (no Write on any topic): fatal, and no new producer
+    # would fare better. One event refused on its own topic stays the message's failure.
+    cluster = KafkaError(KafkaError.CLUSTER_AUTHORIZATION_FAILED, "Failed to acquire "
+                         "idempotence PID from broker b/1: Broker: Cluster authorization failed",
+                         fatal=True)
+    assert kafka_errors.refused(cluster)
+    assert not kafka_errors.refused(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    assert kafka_errors.not_authorized(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED))
+    settings = load_relay_settings({
+        "KAFKA_BOOTSTRAP_SERVERS": "b:9096", "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "KAFKA_SASL_USERNAME": "pin_outbox_relay",
+        "KAFKA_SASL_PASSWORD": "s3cret"})
+
+    line = str(kafka_errors.refusal(cluster, settings))
+
+    assert line == (
+        "kafka refused the relay (SASL_SSL SCRAM-SHA-512): CLUSTER_AUTHORIZATION_FAILED: Failed "
+        "to acquire idempotence PID from broker b/1: Broker: Cluster authorization failed; check "
+        "the ACLs of User:pin_outbox_relay: Write and DescribeConfigs on the topic "
+        '(docs/operations.md, "Kafka ACLs")')
+    assert kafka_errors.principal(load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": "b:9092"})) == (
+        "User:ANONYMOUS")
 
 
 def test_repeated_client_errors_are_logged_once_a_minute() -> None:
