@@ -176,17 +176,21 @@ AUDIT_GROUPS = "audit-reminders-"
 
 @contextmanager
 def topic_reader(cluster: KafkaCluster, topic: str) -> Iterator[dict[str, str]]:
-    """Within: a SCRAM user of its own that may read `topic` and nothing else (READ and DESCRIBE
-    on it, READ on the audit's groups), as KAFKA_* settings over SASL_SSL. The other topics of
-    the shared cluster, the contract's among them, do not exist for it. Removed after."""
+    """Within: a SCRAM user of its own that may read `topic` and the contract's topic and nothing
+    else (READ and DESCRIBE on them, READ on the audit's groups), as KAFKA_* settings over
+    SASL_SSL. The audit always reads the contract's topic too, and takes a topic its ACLs hide
+    for a refusal; no test of the shared cluster publishes to it (each has a topic of its own),
+    so it holds nothing or does not exist. The other topics do not exist for this user.
+    Removed after."""
     user, password = f"pin-test-{uuid.uuid4().hex[:12]}", secrets.token_urlsafe(18)
     admin = AdminClient(cluster.client_config())
     credential = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
     admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
         user, credential, password.encode())])[user].result(timeout=30)
-    allow = [(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, AclOperation.READ),
-             (ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, AclOperation.DESCRIBE),
-             (ResourceType.GROUP, AUDIT_GROUPS, ResourcePatternType.PREFIXED, AclOperation.READ)]
+    allow = [(ResourceType.TOPIC, name, ResourcePatternType.LITERAL, operation)
+             for name in (topic, events.TOPIC)
+             for operation in (AclOperation.READ, AclOperation.DESCRIBE)]
+    allow += [(ResourceType.GROUP, AUDIT_GROUPS, ResourcePatternType.PREFIXED, AclOperation.READ)]
     acls = [AclBinding(kind, name, pattern, f"User:{user}", "*", operation,
                        AclPermissionType.ALLOW) for kind, name, pattern, operation in allow]
     for future in admin.create_acls(acls).values():
