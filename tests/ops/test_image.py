@@ -9,7 +9,6 @@ entrypoint, read from its configuration (`buildah run` does not apply it).
 
 One test on purpose: the build is the cost (minutes cold), and xdist could split several."""
 
-import re
 import secrets
 import subprocess
 import time
@@ -23,6 +22,7 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import connection
+from packaging.utils import canonicalize_name
 
 from core.roles import RELAY_ROLE, WORKER_ROLE
 from devtools.demo_data import PERSON_DOCUMENTS_SQL
@@ -38,6 +38,7 @@ from tests.support.image import (
     require_buildah,
 )
 from tests.support.ledger import AS_OF, expiring_in
+from tests.support.locks import PRODUCTION_LOCK, pins
 from tests.support.tansu_support import TansuBroker
 
 pytestmark = [pytest.mark.image, pytest.mark.slow]
@@ -89,17 +90,6 @@ def insert_documents(url: str, expiring: dict[uuid.UUID, list[int]]) -> None:
 def git(*args: str) -> str:
     return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
                           timeout=30, check=True).stdout.strip()
-
-
-def locked_production_packages() -> set[str]:
-    """`name==version` of every package requirements/base.txt pins, names normalised."""
-    text = (ROOT / "requirements" / "base.txt").read_text()
-    return {f"{normalised(name)}=={version}"
-            for name, version in re.findall(r"^([A-Za-z0-9][\w.-]*)==(\S+)", text, re.MULTILINE)}
-
-
-def normalised(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def succeeded(done: subprocess.CompletedProcess[str], what: str) -> str:
@@ -158,10 +148,10 @@ def test_the_image_builds_and_runs_check_migrate_a_cycle_and_a_relay_pass(
                                      " && ! python -c 'import devtools' 2>/dev/null"])
         assert no_devtools.returncode == 0, "devtools or tests are in the image"
         frozen = succeeded(container.run(["python", "-m", "pip", "list", "--format=freeze"]), "pip list")
-        installed = {normalised(line.split("==")[0]) + "==" + line.split("==")[1]
-                     for line in frozen.split() if "==" in line}
-        tools = {p for p in installed if p.split("==")[0] in {"pip", "setuptools", "wheel"}}
-        assert installed - tools == locked_production_packages()
+        installed = {(canonicalize_name(name), version)
+                     for name, version in (line.split("==") for line in frozen.split() if "==" in line)}
+        tools = {p for p in installed if p[0] in {"pip", "setuptools", "wheel"}}
+        assert installed - tools == pins(PRODUCTION_LOCK)
 
         deploy = container.run([*config.entrypoint, "check", "--deploy", "--fail-level", "WARNING"],
                                env={"DJANGO_SECRET_KEY": secrets.token_urlsafe(50),

@@ -4,8 +4,6 @@ requirement was added, removed or re-bounded in its .in without re-running the s
 catches each of those from the lock's own annotations (`# via -r requirements/base.in`), in
 milliseconds and offline, without re-running the resolver."""
 
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -13,16 +11,11 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from tests.support.locks import lock_entries
+
 ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = ROOT / "requirements"
 LOCK_COMMAND = "scripts/lock.sh"
-
-
-@dataclass
-class Locked:
-    version: str
-    hashes: int = 0
-    via: set[str] = field(default_factory=set)
 
 
 def source_requirements(path: Path) -> tuple[dict[str, Requirement], list[Path]]:
@@ -47,34 +40,6 @@ def all_requirements(path: Path) -> dict[str, Requirement]:
     for other in included:
         direct |= all_requirements(other)
     return direct
-
-
-_ENTRY = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
-
-
-def lock_entries(path: Path) -> dict[str, Locked]:
-    """A pip-compile lock: each package's pinned version, how many hashes, and its `via` lines."""
-    entries: dict[str, Locked] = {}
-    current: Locked | None = None
-    in_via = False
-    for line in path.read_text().splitlines():
-        entry = _ENTRY.match(line)
-        if entry:
-            current = entries[canonicalize_name(entry[1])] = Locked(entry[2])
-            in_via = False
-        elif current is None:
-            continue
-        elif line.strip().startswith("--hash=sha256:"):
-            current.hashes += 1
-        elif line.strip() == "# via":
-            in_via = True
-        elif line.strip().startswith("# via "):
-            current.via.add(line.strip().removeprefix("# via ").strip())
-        elif in_via and line.strip().startswith("#   "):
-            current.via.add(line.strip().removeprefix("#   ").strip())
-        elif not line.strip():
-            current, in_via = None, False
-    return entries
 
 
 def stale(source: Path) -> list[str]:
