@@ -98,7 +98,8 @@ def succeeded(done: subprocess.CompletedProcess[str], what: str) -> str:
 
 
 def test_the_image_builds_and_runs_check_migrate_a_cycle_and_a_relay_pass(
-    tansu: TansuBroker, capsys: pytest.CaptureFixture[str]
+    tansu: TansuBroker, capsys: pytest.CaptureFixture[str],
+    transactional_db: None,  # the test server: the run's own cluster under TEST_OWN_CLUSTER=1
 ) -> None:
     require_buildah()
     built = build_image()
