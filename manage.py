@@ -7,6 +7,12 @@ import sys
 
 def main() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pin_profile.settings")
+    if sys.argv[1:] in (["--version"], ["version"]):
+        # This project's version and commit, where Django would print its own version.
+        from core.build import describe
+
+        sys.stdout.write(describe() + "\n")
+        return
     from django.core.exceptions import ImproperlyConfigured
     from django.core.management import execute_from_command_line
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from core.build import describe
 from core.config import ConfigError
 from core.logs import flush_queued_handlers, leave_stop_signals_to_the_main_thread, log_event
 
@@ -36,7 +37,10 @@ def usage_error(message: str) -> CommandError:
 
 class ProjectCommand(BaseCommand):
     """A management command whose ConfigError, raised anywhere in `handle`, ends it with one
-    line naming the variable (or option) and exit code 2."""
+    line naming the variable (or option) and exit code 2; its `--version` is the project's."""
+
+    def get_version(self) -> str:
+        return describe()
 
     def execute(self, *args: Any, **options: Any) -> str | None:
         try:

@@ -123,7 +123,19 @@ ensure_base() {
     echo "image.sh: $from: the stand-in base made ($key)" >&2
 }
 
-# What the build reads: the base, the Dockerfile, .dockerignore and every file it copies.
+# The build arguments the image's labels come from (docker/Dockerfile): pyproject.toml's version,
+# the commit and its time, the repository's URL; one per line.
+build_args() {
+    local version
+    version=$(sed -n 's/^version = "\(.*\)"$/\1/p' pyproject.toml | head -n 1)
+    echo "VERSION=${version:-unknown}"
+    echo "REVISION=$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+    echo "CREATED=$(git show -s --format=%cI HEAD 2>/dev/null || echo unknown)"
+    echo "SOURCE=$(git config --get remote.origin.url 2>/dev/null || echo unknown)"
+}
+
+# What the build reads: the base, the Dockerfile, .dockerignore, every file it copies and the
+# build arguments.
 context_key() {
     local sources
     sources=$(awk 'toupper($1) == "COPY" { for (i = 2; i < NF; i++) if ($i !~ /^--/) print $i }' \
@@ -131,6 +143,7 @@ context_key() {
     {
         "${BUILDAH[@]}" inspect --type image --format '{{.FromImageID}}' "$(from_image)"
         declare -f build_image
+        build_args
         # shellcheck disable=SC2086  # one path a word
         find docker/Dockerfile .dockerignore $sources -type f \
             ! -path '*/__pycache__/*' ! -name '*.pyc' -print0 | sort -z | xargs -0 sha256sum
@@ -139,8 +152,10 @@ context_key() {
 
 # Print the image's name: REPOSITORY:ctx-KEY, built unless it exists (PIN_IMAGE_REBUILD=1: built).
 build_image() {
-    local tag
+    local tag arg
+    local -a args=()
     ensure_base
+    while IFS= read -r arg; do args+=(--build-arg "$arg"); done < <(build_args)
     tag="$REPOSITORY:ctx-$(context_key)"
     if [ "${PIN_IMAGE_REBUILD:-0}" != 1 ] && "${BUILDAH[@]}" inspect --type image "$tag" >/dev/null 2>&1; then
         echo "image.sh: $tag: built before from this same context" >&2
@@ -148,7 +163,7 @@ build_image() {
         # --pull=never: the base is the stand-in, never the registry's. The CA bundle is
         # mounted for the RUN steps only (tests/ops/test_image.py: it is not in the image).
         "${BUILDAH[@]}" bud --isolation chroot --network host --pull=never --quiet \
-            --volume "$CA_BUNDLE:$CA_BUNDLE:ro" -f docker/Dockerfile -t "$tag" . >/dev/null
+            --volume "$CA_BUNDLE:$CA_BUNDLE:ro" "${args[@]}" -f docker/Dockerfile -t "$tag" . >/dev/null
         echo "image.sh: $tag built" >&2
     fi
     # Only the newest: the images of older contexts go (vfs keeps each one whole).

@@ -1,6 +1,7 @@
 # Sourced by scripts/test.sh and scripts/test-clock.sh: everything the tests need, installed
 # or started when missing: the venv with the pinned requirements, PostgreSQL, Debian's
-# prometheus (promtool), chromium and chromium-driver, faketime, socat and openssl, pgbouncer; then
+# prometheus (promtool), chromium and chromium-driver, faketime, socat and openssl, pgbouncer,
+# kustomize (built with Go); then
 # DATABASE_URL for the tests (TEST_DATABASE_URL, or pin_profile on the local server).
 source scripts/venv.sh
 source scripts/pg.sh
@@ -16,6 +17,8 @@ tls_tools_ensure
 source scripts/pooler.sh
 pgbouncer_ensure
 source scripts/image.sh && image_tools_ensure  # buildah, debootstrap: tests/ops/test_image.py
+source scripts/kustomize.sh
+kustomize_ensure  # tests/ops/test_kubernetes.py renders deploy/kubernetes
 
 # Tests create and drop their own database (test_<name>) on this server.
 export DATABASE_URL="${TEST_DATABASE_URL:-$(database_url pin_profile)}"

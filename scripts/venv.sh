@@ -1,4 +1,5 @@
-# Sourced by the scripts: a virtual environment in .venv with the pinned dev requirements.
+# Sourced by the scripts: a virtual environment in .venv with the locked dev requirements
+# (requirements/dev.txt: every package pinned with its hashes, and pip refuses anything else).
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 if [ ! -x "$VENV/bin/python" ]; then
@@ -7,7 +8,8 @@ fi
 stamp="$VENV/.requirements.sha"
 want=$(cat "$ROOT"/requirements/*.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    if ! "$VENV/bin/pip" install -q --disable-pip-version-check -r "$ROOT/requirements/dev.txt" \
+    if ! "$VENV/bin/pip" install -q --disable-pip-version-check --require-hashes \
+            -r "$ROOT/requirements/dev.txt" \
             >"$VENV/pip.log" 2>&1; then
         cat "$VENV/pip.log" >&2
         echo "venv.sh: pip install failed" >&2

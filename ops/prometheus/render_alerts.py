@@ -9,6 +9,15 @@ is that base plus `/<page>.md#<alert name in lower case>`. This writes the same 
 RUNBOOK_BASE_URL in place of the placeholder, to --output or to standard output. The base
 must be an absolute http(s) URL of the folder that serves docs/runbooks/. Check the result
 with `promtool check rules FILE`. Standard library only: runs with any Python 3.11.
+
+--prometheusrule writes the same rules as a Prometheus Operator PrometheusRule (the rules as
+its spec, comments kept); deploy/kubernetes/base/prometheusrule.yaml is this, with the
+placeholder base (tests/ops/test_kubernetes.py fails when it is stale):
+
+    RUNBOOK_BASE_URL=https://runbooks.example.invalid/pin-profile/docs/runbooks \
+        python3 ops/prometheus/render_alerts.py --prometheusrule \
+        --output deploy/kubernetes/base/prometheusrule.yaml
+
 Exit codes: 0 written, 2 RUNBOOK_BASE_URL missing or not an absolute http(s) URL.
 """
 
@@ -57,16 +66,39 @@ def render(rules: str, base: str) -> str:
     return header + _RUNBOOK_URL.sub(replace, rules)
 
 
+PROMETHEUS_RULE_HEAD = """\
+# Generated: do not edit. ops/prometheus/alerts.yml as a PrometheusRule, by
+# `ops/prometheus/render_alerts.py --prometheusrule` with {variable}={base}.
+apiVersion: monitoring.coreos.com/v1
+kind: PrometheusRule
+metadata:
+  name: pin-profile-reminders
+spec:
+"""
+
+
+def prometheus_rule(rules: str, base: str) -> str:
+    """`rules` rendered with `base`, as the spec of a PrometheusRule: its lines indented under
+    `spec:` (block scalars keep their meaning when every line moves alike)."""
+    rendered = render(rules, base).split("\n", 1)[1]  # the rules' own header says which base
+    body = "".join(f"  {line}" if line.strip() else line
+                   for line in rendered.splitlines(keepends=True))
+    return PROMETHEUS_RULE_HEAD.format(variable=VARIABLE, base=base) + body
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--output", type=Path, help="write here (default: standard output)")
+    parser.add_argument("--prometheusrule", action="store_true",
+                        help="a Prometheus Operator PrometheusRule instead of a rules file")
     args = parser.parse_args(argv)
     try:
         base = checked_base(os.environ.get(VARIABLE, ""))
     except BaseUrlError as exc:
         sys.stderr.write(f"{VARIABLE}: {exc}\n")
         return EXIT_USAGE
-    rendered = render(RULES.read_text(encoding="utf-8"), base)
+    as_text = prometheus_rule if args.prometheusrule else render
+    rendered = as_text(RULES.read_text(encoding="utf-8"), base)
     if args.output:
         args.output.write_text(rendered, encoding="utf-8")
     else:

@@ -18,6 +18,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.validators import validator_for
 
 from core.roles import ADMIN_WEB_ROLE, RELAY_ROLE, WORKER_ROLE
+from pin_profile import settings as production_settings
 from tests.conftest import ROOT
 
 COMPOSE_SCHEMA = ROOT / "docker" / "compose-spec" / "compose-spec.json"
@@ -119,10 +120,10 @@ def test_the_admin_runs_the_tested_gunicorn_configuration(compose: dict[str, Any
     assert "8000:8000" in admin["ports"][0]
     assert not any("9110" in p for p in admin["ports"])  # the ops port stays inside the network
     assert admin["environment"]["DJANGO_SECRET_KEY"].startswith("${DJANGO_SECRET_KEY:?")
-    gunicorn_pin = (ROOT / "docker" / "requirements-admin.txt").read_text()
-    dev_pins = (ROOT / "requirements" / "dev.txt").read_text()
-    pin = re.search(r"^gunicorn==\S+$", gunicorn_pin, re.MULTILINE)
-    assert pin and pin[0] in dev_pins.splitlines()  # the tests run the image's gunicorn
+    production = (ROOT / "requirements" / "base.txt").read_text()
+    development = (ROOT / "requirements" / "dev.txt").read_text()
+    pin = re.search(r"^gunicorn==\S+", production, re.MULTILINE)
+    assert pin and re.search(rf"^{re.escape(pin[0])}\b", development, re.MULTILINE)  # the image's gunicorn
 
 
 def test_published_ports_are_on_loopback_only(compose: dict[str, Any]) -> None:
@@ -291,8 +292,20 @@ def test_every_copied_path_exists_and_reaches_the_build_context() -> None:
         assert not is_ignored(source.rstrip("/"), rules), source
 
 
-def test_the_image_copies_every_package_the_project_runs() -> None:
-    local_apps = {app.split(".")[0] for app in settings.INSTALLED_APPS
+def test_the_image_copies_every_package_production_runs_and_no_devtools() -> None:
+    local_apps = {app.split(".")[0] for app in production_settings.INSTALLED_APPS
                   if (ROOT / app.split(".")[0] / "__init__.py").is_file()}
-    needed = {"manage.py", "pin_profile", *local_apps}
-    assert needed - set(_copied_sources()) == set()
+    needed = {"manage.py", "pyproject.toml", "pin_profile", *local_apps}
+    assert "devtools" in {app.split(".")[0] for app in settings.INSTALLED_APPS} - local_apps
+    copied = set(_copied_sources())
+    assert needed - copied == set()
+    assert not {"devtools", "tests", "requirements/dev.txt"} & copied
+
+
+def test_the_demo_data_comes_from_devtools_mounted_into_the_one_shot(compose: dict[str, Any]) -> None:
+    migrate = compose["services"]["migrate"]
+    assert _mounts(migrate) == {"/app/devtools": ROOT / "devtools"}
+    assert migrate["environment"]["DJANGO_SETTINGS_MODULE"] == "pin_profile.settings_dev"
+    for name, service in compose["services"].items():
+        if name != "migrate":
+            assert "/app/devtools" not in _mounts(service), name

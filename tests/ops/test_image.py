@@ -1,6 +1,7 @@
 """The image built and run (docs/operations.md, "The image, tested"): docker/Dockerfile built by
 Debian's buildah on a stand-in for python:3.11-slim-bookworm made from Debian's packages
-(scripts/image.sh), then run as a platform runs it, as its unprivileged user: `check --deploy`
+(scripts/image.sh), then run as a platform runs it, as its unprivileged user: what it says it is
+(its OCI labels, `--version`), what it leaves out (devtools, development packages), `check --deploy`
 with the two documented variables, `migrate` and `apply_db_roles` on a fresh database of the
 test server, one cycle as the worker role, one relay pass as the relay role to a Tansu broker,
 and the events read back from the topic. Every command goes through the image's own
@@ -11,6 +12,7 @@ One test on purpose: the build is the cost (minutes cold), and xdist could split
 import secrets
 import subprocess
 import time
+import tomllib
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,10 +22,12 @@ from typing import Any
 import psycopg
 import pytest
 from django.db import connection
+from packaging.utils import canonicalize_name
 
 from core.roles import RELAY_ROLE, WORKER_ROLE
 from devtools.demo_data import PERSON_DOCUMENTS_SQL
 from devtools.topic import read_topic
+from tests.conftest import ROOT
 from tests.support.contract import assert_event_valid
 from tests.support.image import (
     BASE_CA_LABEL,
@@ -34,6 +38,7 @@ from tests.support.image import (
     require_buildah,
 )
 from tests.support.ledger import AS_OF, expiring_in
+from tests.support.locks import PRODUCTION_LOCK, pins
 from tests.support.tansu_support import TansuBroker
 
 pytestmark = [pytest.mark.image, pytest.mark.slow]
@@ -82,13 +87,19 @@ def insert_documents(url: str, expiring: dict[uuid.UUID, list[int]]) -> None:
             " values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
 
 
+def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True,
+                          timeout=30, check=True).stdout.strip()
+
+
 def succeeded(done: subprocess.CompletedProcess[str], what: str) -> str:
     assert done.returncode == 0, f"{what} exited {done.returncode}:\n{done.stdout}\n{done.stderr[-3000:]}"
     return done.stdout
 
 
 def test_the_image_builds_and_runs_check_migrate_a_cycle_and_a_relay_pass(
-    tansu: TansuBroker, capsys: pytest.CaptureFixture[str]
+    tansu: TansuBroker, capsys: pytest.CaptureFixture[str],
+    transactional_db: None,  # the test server: the run's own cluster under TEST_OWN_CLUSTER=1
 ) -> None:
     require_buildah()
     built = build_image()
@@ -97,7 +108,18 @@ def test_the_image_builds_and_runs_check_migrate_a_cycle_and_a_relay_pass(
     assert config.cmd == ["run_expiry_reminders", "--loop"]
     assert (config.user, config.working_dir) == (APP_UID, "/app")
     assert config.env["DJANGO_SETTINGS_MODULE"] == "pin_profile.settings"
-    assert config.exposed_ports == {"9108/tcp", "9109/tcp", "8000/tcp", "9110/tcp"}
+    assert config.exposed_ports == {"9108/tcp", "9109/tcp", "8000/tcp", "9110/tcp", "9111/tcp"}
+    # What it is, from the build arguments scripts/image.sh passes: pyproject.toml's version,
+    # the commit and its time; no licence (none chosen).
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    head = git("rev-parse", "HEAD")
+    oci = {k.removeprefix("org.opencontainers.image."): v for k, v in config.labels.items()
+           if k.startswith("org.opencontainers.image.")}
+    assert oci.pop("source")
+    assert oci == {"title": "pin-profile-reminders", "description": oci["description"],
+                   "version": version, "revision": head,
+                   "created": git("show", "-s", "--format=%cI", "HEAD")}
+    assert config.env["PIN_PROFILE_REVISION"] == head
 
     started = time.monotonic()
     with Container(built.name) as container, fresh_database() as database:
@@ -118,6 +140,19 @@ def test_the_image_builds_and_runs_check_migrate_a_cycle_and_a_relay_pass(
         assert succeeded(writable, "test -w").split() == []
         in_image = succeeded(container.run(["sha256sum", str(CA_BUNDLE)]), "sha256sum").split()[0]
         assert in_image == config.labels[BASE_CA_LABEL]
+
+        # It says its version and commit; it has no devtools and exactly the production lock's
+        # packages (beside the base's own pip and setuptools).
+        said = succeeded(container.run([*config.entrypoint, "--version"]), "--version")
+        assert said.startswith(f"pin-profile-reminders {version} (commit {head}, Django ")
+        no_devtools = container.run(["sh", "-c", "test ! -e /app/devtools && test ! -e /app/tests"
+                                     " && ! python -c 'import devtools' 2>/dev/null"])
+        assert no_devtools.returncode == 0, "devtools or tests are in the image"
+        frozen = succeeded(container.run(["python", "-m", "pip", "list", "--format=freeze"]), "pip list")
+        installed = {(canonicalize_name(name), version)
+                     for name, version in (line.split("==") for line in frozen.split() if "==" in line)}
+        tools = {p for p in installed if p[0] in {"pip", "setuptools", "wheel"}}
+        assert installed - tools == pins(PRODUCTION_LOCK)
 
         deploy = container.run([*config.entrypoint, "check", "--deploy", "--fail-level", "WARNING"],
                                env={"DJANGO_SECRET_KEY": secrets.token_urlsafe(50),

@@ -1,9 +1,10 @@
 """The previous release as its own install: its tree from git (by tag, else by the commit
-docs/releases.toml records) and a Python that runs it (this venv when its pinned runtime
-requirements are the same, else a venv of its own, cached by those requirements)."""
+docs/releases.toml records) and a Python that runs it (this venv when it has every package the
+release pins at the release's version, else a venv of its own, cached by those requirements)."""
 
 import hashlib
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -75,6 +76,15 @@ def _requirements_at(commit: str) -> bytes:
     return shown.stdout
 
 
+_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?==([^\s;\\]+)", re.MULTILINE)
+
+
+def pins(requirements: bytes) -> set[tuple[str, str]]:
+    """The (normalised name, version) pairs a requirements file pins, hashes and extras aside."""
+    return {(re.sub(r"[-_.]+", "-", name).lower(), version)
+            for name, version in _PIN.findall(requirements.decode())}
+
+
 def _own_venv(requirements: bytes) -> str:
     """A venv with exactly `requirements`, made once per distinct file and kept."""
     venv = VENV_CACHE / hashlib.sha256(requirements).hexdigest()[:16]
@@ -97,6 +107,7 @@ def install(release: Release, into: Path) -> Install:
     into.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=BytesIO(archive.stdout)) as tar:
         tar.extractall(into, filter="data")
-    same = _requirements_at(release.commit) == (ROOT / REQUIREMENTS).read_bytes()
+    # The release's pins all installed here at its versions: this venv runs it as it is.
+    same = pins(_requirements_at(release.commit)) <= pins((ROOT / REQUIREMENTS).read_bytes())
     python = sys.executable if same else _own_venv(_requirements_at(release.commit))
     return Install(release, into, python, own_venv=not same)

@@ -10,7 +10,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP = ("tests", "docs", "scripts", "ops", "bench", "docker", "core", "reminders", "outbox",
-       "audit", "devtools", "pin_profile", "requirements", ".ci", "artifacts")
+       "audit", "devtools", "pin_profile", "requirements", ".ci", "artifacts", "deploy")
 # A path: a top-level folder, then name parts; ends at a file with an extension or a folder.
 FOLDERS = "|".join(map(re.escape, TOP))
 PATH = re.compile(rf"(?<![\w./-])((?:{FOLDERS})/[\w.-]+(?:/[\w.-]+)*/?)")
