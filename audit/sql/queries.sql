@@ -91,15 +91,17 @@ reclaimed as (
     select run_id, owner_user_id,
            owner_user_id::text || string_agg(
                ';' || document_id::text || ',' || threshold_days::text || ','
-               || to_char(expires_on, 'YYYY-MM-DD'),
+               || to_char(expires_on, 'YYYY-MM-DD')
+               || case when armings > 1 then ',' || armings::text else '' end,
                '' order by document_id, threshold_days, expires_on) as name
     from (
         select r.run_id, r.owner_user_id, r.document_id, r.threshold_days,
-               r.expires_at as expires_on
+               r.expires_at as expires_on, r.armings
         from reclaims c
         -- one probe of the owner index a (run, owner), fenced as claim_batch's probes are
         cross join lateral (
-            select r.run_id, r.owner_user_id, r.document_id, r.threshold_days, r.expires_at
+            select r.run_id, r.owner_user_id, r.document_id, r.threshold_days, r.expires_at,
+                   r.armings
             from document_expiry_reminders r
             where r.owner_user_id = c.owner_user_id and r.run_id = c.run_id and r.notified
             offset 0

@@ -34,8 +34,9 @@ grant select (id, owner_user_id, person_id, type, number_mask, expires_at, statu
     on profile.person_documents to pin_reminder_worker;
 grant select, insert, delete on profile.document_expiry_reminders to pin_reminder_worker;
 -- A renewed document's markers are re-armed in place (on conflict do update): the columns a
--- claim rewrites, never the key (document_id, threshold_days) or the id.
-grant update (owner_user_id, type, expires_at, reminded_at, notified, run_id)
+-- claim rewrites (its arming counted in `armings`), never the key (document_id,
+-- threshold_days) or the id.
+grant update (owner_user_id, type, expires_at, reminded_at, notified, run_id, armings)
     on profile.document_expiry_reminders to pin_reminder_worker;
 grant select, insert, update, delete on profile.document_expiry_reminder_runs to pin_reminder_worker;
 -- The outbox: a row's place in the stream (txid, seq) is stamped by the database, never by a
