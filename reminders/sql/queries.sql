@@ -200,7 +200,8 @@ order by d.owner_user_id, d.id;
 -- due_owners) and markers, the rules (as reminders.rules.decide), the markers (insert-wins, in
 -- document/threshold order), one outbox row per owner whose t* this statement won (its id named
 -- after the reminder and its markers' arming: an owner whose reminder the outbox holds already
--- gets none), and the notified items for the log
+-- gets none, and one whose id the outbox holds for a reminder that says something else fails the
+-- statement), and the notified items for the log
 with docs as materialized (
     -- marked: the thresholds marked for the current expiry date; stale: those marked for
     -- another date (renewed or corrected), which count for nothing and are re-armed in place.
@@ -357,11 +358,39 @@ written as (
 written_owners as (
     select e.owner_user_id from identified e where e.id in (select id from written)
 ),
+taken as (
+    -- an id the outbox held before this statement (the statement's snapshot) for a reminder
+    -- that says something else: its body but `remindedAt` and each document's `daysLeft` (which
+    -- a later cycle's replay of the same arming recomputes: the contract's redelivery) differs.
+    -- The outbox's row, by primary key, for the ids not written only.
+    select e.id
+    from identified e
+    cross join lateral (
+        select m.payload from outbox_messages m where m.id = e.id offset 0
+    ) m
+    where e.id not in (select id from written)
+      and (m.payload - 'remindedAt' - 'documents' is distinct from
+               e.payload - 'remindedAt' - 'documents'
+           or exists (select d - 'daysLeft' from jsonb_array_elements(m.payload -> 'documents') d
+                      except all
+                      select d - 'daysLeft' from jsonb_array_elements(e.payload -> 'documents') d)
+           or exists (select d - 'daysLeft' from jsonb_array_elements(e.payload -> 'documents') d
+                      except all
+                      select d - 'daysLeft' from jsonb_array_elements(m.payload -> 'documents') d))
+),
+refused as (
+    -- never silently dropped: the function raises (a unique violation on the outbox's key), the
+    -- batch rolls back and is retried owner by owner, and this owner fails, logged and counted,
+    -- its markers unwritten, due again next cycle (docs/design.md §2.6)
+    select reminder_message_id_taken(t.id) from taken t
+),
 totals as (
     select (select count(*) from claimed) as markers_won,
            (select count(distinct id) from planned) as due_documents,
            (select count(*) from written) as events_written,
-           (select count(*) from identified) - (select count(*) from written) as already_queued,
+           -- (`refused` is empty whenever the statement returns)
+           (select count(*) from identified) - (select count(*) from written)
+           - (select count(*) from refused) as already_queued,
            -- won markers that replaced one of another date (as read by this statement)
            (select count(*) from claimed c
             join planned p on p.id = c.document_id and p.threshold_days = c.threshold_days

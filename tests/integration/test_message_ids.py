@@ -2,7 +2,8 @@
 each outbox row after its reminder and the arming its markers are in. A reminder written again
 (its markers lost with a restore or a rollback) replays its arming and keeps its id: a second
 row is never written, the claim does not fail. A new arming (the expiry changed, even back to
-a date told before) is a new reminder under a new id."""
+a date told before) is a new reminder under a new id. An id the outbox holds for a reminder
+that says something else fails its owner, loudly, and leaves it due."""
 
 import json
 import logging
@@ -12,7 +13,10 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from prometheus_client import REGISTRY
 
+from reminders.config import ReminderSettings
+from reminders.observe import MetricsObserver
 from tests.conftest import CycleRunner
 from tests.support.contract import named_after
 from tests.support.factories import Documents
@@ -239,3 +243,45 @@ def _created_at(message_id: uuid.UUID) -> str:
         [(created,)] = cursor.fetchall()
         return str(created)
 
+
+def errors_counted() -> float:
+    return REGISTRY.get_sample_value("profile_document_expiry_reminder_errors_total") or 0.0
+
+
+def test_an_id_the_outbox_holds_for_a_reminder_that_says_otherwise_fails_its_owner(
+    run: CycleRunner, documents: Documents, caplog: pytest.LogCaptureFixture,
+) -> None:
+    refused = documents(expires_at=expiring_in(5))
+    replayed = documents(expires_at=expiring_in(6))
+    run(AS_OF)
+    before = outbox()
+    [taken] = [r[0] for r in before if r[1] == str(refused.owner_user_id)]
+    # the row under the refused owner's id says another number mask than the document's (as if
+    # the id named two reminders); the other owner's row is the same reminder
+    with connection.cursor() as cursor:
+        cursor.execute("reset role")
+        cursor.execute("update outbox_messages set payload = jsonb_set(payload,"
+                       " '{documents,0,numberMask}', '\"99 ** ****99\"') where id = %s", (taken,))
+    tampered = outbox()
+    lose_the_ledger()
+    observer = MetricsObserver(ReminderSettings())
+    errors = errors_counted()
+    caplog.clear()
+
+    with caplog.at_level(logging.INFO, logger="reminders"):
+        again = run(AS_OF + timedelta(hours=2), observer=observer)  # a later remindedAt
+
+    # never silently dropped: the owner failed, counted and logged; the other one, whose stored
+    # body differs only in remindedAt and daysLeft, is the normal replay (already queued)
+    assert (again.status, again.failed_owners, again.owners_already_queued,
+            again.owners_notified) == ("partial", 1, 1, 0)
+    assert errors_counted() == errors + 1
+    [failed] = [r.__dict__["fields"] for r in caplog.records if r.getMessage() == "owner failed"]
+    assert failed["owner_user_id"] == refused.owner_user_id
+    assert failed["error"].startswith(
+        f"UniqueViolation: message id {taken} is in the outbox with another payload")
+    assert "99 **" not in caplog.text and "numberMask" not in caplog.text
+    # nothing written for it: its markers rolled back, so it stays due and is tried again
+    assert markers(refused.id) == set() and markers(replayed.id)
+    assert outbox() == tampered
+    assert run(AS_OF + timedelta(hours=3)).failed_owners == 1
