@@ -33,13 +33,15 @@ with scope_runs as materialized (
       and event_type = %(event_type)s
 ),
 events as materialized (
-    select m.id, m.aggregate_id, m.headers ->> 'correlation_id' as run_id, m.payload
+    select m.id, m.aggregate_id, m.headers ->> 'correlation_id' as run_id, m.payload,
+           m.created_at
     from outbox_messages m
     where m.headers ->> 'correlation_id' in (select run_id from scope_runs)
       and m.event_type = %(event_type)s
 ),
 items as materialized (
     select e.id as message_id, e.aggregate_id as owner_user_id, e.run_id,
+           e.created_at as written_at,
            i.item ->> 'documentId' as document_id,
            i.item ->> 'thresholdDays' as threshold_days,
            i.item ->> 'expiresAt' as expires_at,
@@ -66,7 +68,7 @@ unmatched_markers as materialized (
     where not exists (select 1 from items i where i.key = m.key)
 ),
 unmatched_items as materialized (
-    select i.document_id, i.threshold_days, i.expires_at, i.run_id, i.message_id,
+    select i.document_id, i.threshold_days, i.expires_at, i.run_id, i.message_id, i.written_at,
            case when i.document_id ~* %(uuid_pattern)s then i.document_id::uuid end as document,
            case when i.threshold_days ~ '^-?[0-9]{1,9}$' then i.threshold_days::int end
                as threshold
@@ -139,8 +141,10 @@ marker_without_event as (
                       where q.run_id = m.run_id and q.owner_user_id = m.owner_user_id)
 ),
 -- an item without its marker, unless the marker was pruned since (its expiry left the
--- retention) or re-armed in place for a new expiry date (the document was renewed), or its
--- event was queued again by the run that holds its marker now
+-- retention) or re-armed in place since: for a new expiry date (the document was renewed), or by
+-- a later arming back to the item's date (corrected, then corrected back: the marker has had more
+-- than one arming and was rewritten after the event); or its event was queued again by the run
+-- that holds its marker now
 event_without_marker as (
     select i.document_id, i.threshold_days, i.expires_at, i.run_id, i.message_id
     from unmatched_items i
@@ -149,16 +153,31 @@ event_without_marker as (
         select 1 from document_expiry_reminders r
         where r.document_id = i.document
           and r.threshold_days = i.threshold
-          and r.expires_at::text <> i.expires_at)
+          and (r.expires_at::text <> i.expires_at
+               or (r.armings > 1 and r.reminded_at > i.written_at)))
       and not exists (select 1 from queued_again q where q.message_id = i.message_id)
 ),
+-- one (document, threshold, expiry) in more than one event, and one arming told twice: more
+-- events list the (document, threshold) than its marker has had armings (each arming tells a
+-- threshold once; a date corrected back is told again in an arming of its own, under its own id)
 notified_twice as (
-    select i.document_id, i.threshold_days, i.expires_at,
-           string_agg(distinct i.run_id, ',' order by i.run_id) as runs,
-           string_agg(i.message_id::text, ',' order by i.message_id::text) as events
-    from items i
-    group by i.document_id, i.threshold_days, i.expires_at
-    having count(*) > 1
+    select t.document_id, t.threshold_days, t.expires_at, t.runs, t.events
+    from (
+        select i.document_id, i.threshold_days, i.expires_at,
+               string_agg(distinct i.run_id, ',' order by i.run_id) as runs,
+               string_agg(i.message_id::text, ',' order by i.message_id::text) as events
+        from items i
+        group by i.document_id, i.threshold_days, i.expires_at
+        having count(*) > 1
+    ) t
+    where (select count(*) from items j
+           where j.document_id = t.document_id and j.threshold_days = t.threshold_days)
+          > coalesce((
+              select r.armings from document_expiry_reminders r
+              where r.document_id = case when t.document_id ~* %(uuid_pattern)s
+                                         then t.document_id::uuid end
+                and r.threshold_days = case when t.threshold_days ~ '^-?[0-9]{1,9}$'
+                                            then t.threshold_days::int end), 1)
 )
 select (select count(*) from scope_runs) as runs,
        (select count(*) from events) as events,
