@@ -170,9 +170,14 @@ notified_twice as (
         group by i.document_id, i.threshold_days, i.expires_at
         having count(*) > 1
     ) t
-    where (select count(*) from items j
-           where j.document_id = t.document_id and j.threshold_days = t.threshold_days)
-          > coalesce((
+    -- the events of each (document, threshold), counted once (a hash join, not a scan of the
+    -- items per group)
+    join (
+        select document_id, threshold_days, count(*) as events
+        from items
+        group by document_id, threshold_days
+    ) n on n.document_id = t.document_id and n.threshold_days = t.threshold_days
+    where n.events > coalesce((
               select r.armings from document_expiry_reminders r
               where r.document_id = case when t.document_id ~* %(uuid_pattern)s
                                          then t.document_id::uuid end
