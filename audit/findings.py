@@ -30,20 +30,21 @@ MARKER_WITHOUT_EVENT = Code(
     "(run_expiry_reminders re-reminds them)")
 EVENT_WITHOUT_MARKER = Code(
     "event_without_marker", "ledger_outbox",
-    "an event lists a document whose marker of that run is missing: the next cycle may tell "
-    "the investor again",
-    "find what deleted the markers (a restore, a manual delete); the events were sent, so "
-    "consumers deduplicate a repeat")
+    "an event lists a document whose marker of that run is missing (not pruned, not re-armed "
+    "since): the next cycle may tell the investor again",
+    "find what deleted the markers (a restore, a manual delete); the events were sent, and a "
+    "repeat under another message id is told again")
 NOTIFIED_TWICE = Code(
     "notified_twice", "ledger_outbox",
-    "the same (document, threshold, expiry) in more than one event",
-    "consumers deduplicate by that key; find the run that repeated it (two databases, a "
-    "ledger that lost part of an owner's markers)")
+    "the same (document, threshold, expiry) in more events than its marker has had armings: "
+    "one arming told twice, under two message ids",
+    "consumers deduplicating by message_id told the investor twice; find the run that "
+    "repeated it (two databases, a ledger that lost part of an owner's markers)")
 ALREADY_QUEUED = Code(
     "already_queued", "ledger_outbox",
-    "a run claimed again a reminder whose markers were lost (a restore, a rollback) and found "
-    "it in the outbox under its message id, queued by another run: it wrote no second event "
-    "(its run's owners_already_queued); informational, not a finding",
+    "a run replayed an arming whose markers were lost (a restore, a rollback) and found its "
+    "reminder in the outbox under its message id, queued by another run, saying the same: it "
+    "wrote no second event (its run's owners_already_queued); informational, not a finding",
     "nothing, after a restore or rollback of the ledger; otherwise find what removed the "
     "markers", informational=True)
 LEFT_BEHIND = Code(

@@ -176,7 +176,7 @@ class DocumentExpiryReminderAdmin(ReadOnlyAdmin):
     search_fields = ("=document_id", "=owner_user_id")
     search_help_text = "Paste a document id or an owner id (an exact UUID)."
     fields = ("id", "document_id", "owner_user_id", "type", "threshold_days", "expires_at",
-              "reminded_at", "notified", "run_id")
+              "armings", "reminded_at", "notified", "run_id")
 
     @admin.display(description="document")
     def document(self, marker: DocumentExpiryReminder) -> SafeString:

@@ -36,26 +36,34 @@ def format_instant(instant: datetime) -> str:
     return utc.isoformat(timespec=spec).replace("+00:00", "Z")
 
 
-# The outbox row's id (the `message_id` header) is named after what the reminder is, so a
-# reminder written again after a restore or rollback is a redelivery to every consumer
-# (docs/design.md, "One reminder, one message id"; docs/contracts/ documents the derivation).
+# The outbox row's id (the `message_id` header) is named after what the reminder is and the
+# arming its markers are in, so a reminder written again after a restore or rollback is a
+# redelivery to every consumer, and a new arming a new reminder (docs/design.md, "One arming,
+# one message id"; docs/contracts/ documents the derivation).
 MESSAGE_ID_NAMESPACE = uuid.UUID("c5cc8b04-2178-5be9-aab2-e07f9c6ede53")
 
 
 class ReminderItem(NamedTuple):
-    """One document of an event, as its message id names it."""
+    """One document of an event, as its message id names it: its marker's (document,
+    threshold), the expiry date and the arming the marker is in (1 from its first write, one
+    more at each re-arm)."""
 
     document_id: uuid.UUID
     threshold_days: int
     expires_at: date
+    arming: int = 1
 
 
 def message_id_name(owner_user_id: uuid.UUID, items: Iterable[ReminderItem]) -> str:
-    """The reminder's name: the owner, then `;document,threshold,YYYY-MM-DD` per item, the
-    items by document id, threshold, expiry date (ids in canonical lowercase text)."""
-    ordered = sorted((str(i.document_id), i.threshold_days, i.expires_at) for i in items)
+    """The reminder's name: the owner, then `;document,threshold,YYYY-MM-DD` per item, with
+    `,arming` after the date from the second arming on (a first arming is named as before the
+    arming counted), the items by document id, threshold, expiry date (ids in canonical
+    lowercase text)."""
+    ordered = sorted((str(i.document_id), i.threshold_days, i.expires_at, i.arming)
+                     for i in items)
     return str(owner_user_id) + "".join(
-        f";{document},{threshold},{expires.isoformat()}" for document, threshold, expires in ordered)
+        f";{document},{threshold},{expires.isoformat()}" + (f",{arming}" if arming > 1 else "")
+        for document, threshold, expires, arming in ordered)
 
 
 def message_id(owner_user_id: uuid.UUID, items: Iterable[ReminderItem]) -> uuid.UUID:

@@ -35,7 +35,8 @@ class PersonDocument(models.Model):
 
 class DocumentExpiryReminder(models.Model):
     """One row = for (document, threshold) the reminder is done, for the expiry date it
-    carries (docs/design.md §2.2); a new expiry date re-arms it in place."""
+    carries (docs/design.md §2.2); a new expiry date re-arms it in place, counting its
+    armings (docs/design.md §2.6)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, db_default=RandomUUID(), editable=False)
     document_id = models.UUIDField()
@@ -46,6 +47,10 @@ class DocumentExpiryReminder(models.Model):
     reminded_at = models.DateTimeField()
     notified = models.BooleanField(help_text="True only for the threshold that went into an event")
     run_id = models.UUIDField(help_text="The cycle that wrote the marker")
+    armings = models.IntegerField(
+        default=1, db_default=1,
+        help_text="Which arming of (document, threshold) this is: 1 from its first write, one "
+                  "more each time a new expiry date re-armed it; its reminder's message id names it")
 
     class Meta:
         db_table = "document_expiry_reminders"

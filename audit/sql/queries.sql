@@ -33,13 +33,15 @@ with scope_runs as materialized (
       and event_type = %(event_type)s
 ),
 events as materialized (
-    select m.id, m.aggregate_id, m.headers ->> 'correlation_id' as run_id, m.payload
+    select m.id, m.aggregate_id, m.headers ->> 'correlation_id' as run_id, m.payload,
+           m.created_at
     from outbox_messages m
     where m.headers ->> 'correlation_id' in (select run_id from scope_runs)
       and m.event_type = %(event_type)s
 ),
 items as materialized (
     select e.id as message_id, e.aggregate_id as owner_user_id, e.run_id,
+           e.created_at as written_at,
            i.item ->> 'documentId' as document_id,
            i.item ->> 'thresholdDays' as threshold_days,
            i.item ->> 'expiresAt' as expires_at,
@@ -66,7 +68,7 @@ unmatched_markers as materialized (
     where not exists (select 1 from items i where i.key = m.key)
 ),
 unmatched_items as materialized (
-    select i.document_id, i.threshold_days, i.expires_at, i.run_id, i.message_id,
+    select i.document_id, i.threshold_days, i.expires_at, i.run_id, i.message_id, i.written_at,
            case when i.document_id ~* %(uuid_pattern)s then i.document_id::uuid end as document,
            case when i.threshold_days ~ '^-?[0-9]{1,9}$' then i.threshold_days::int end
                as threshold
@@ -91,15 +93,17 @@ reclaimed as (
     select run_id, owner_user_id,
            owner_user_id::text || string_agg(
                ';' || document_id::text || ',' || threshold_days::text || ','
-               || to_char(expires_on, 'YYYY-MM-DD'),
+               || to_char(expires_on, 'YYYY-MM-DD')
+               || case when armings > 1 then ',' || armings::text else '' end,
                '' order by document_id, threshold_days, expires_on) as name
     from (
         select r.run_id, r.owner_user_id, r.document_id, r.threshold_days,
-               r.expires_at as expires_on
+               r.expires_at as expires_on, r.armings
         from reclaims c
         -- one probe of the owner index a (run, owner), fenced as claim_batch's probes are
         cross join lateral (
-            select r.run_id, r.owner_user_id, r.document_id, r.threshold_days, r.expires_at
+            select r.run_id, r.owner_user_id, r.document_id, r.threshold_days, r.expires_at,
+                   r.armings
             from document_expiry_reminders r
             where r.owner_user_id = c.owner_user_id and r.run_id = c.run_id and r.notified
             offset 0
@@ -137,8 +141,10 @@ marker_without_event as (
                       where q.run_id = m.run_id and q.owner_user_id = m.owner_user_id)
 ),
 -- an item without its marker, unless the marker was pruned since (its expiry left the
--- retention) or re-armed in place for a new expiry date (the document was renewed), or its
--- event was queued again by the run that holds its marker now
+-- retention) or re-armed in place since: for a new expiry date (the document was renewed), or by
+-- a later arming back to the item's date (corrected, then corrected back: the marker has had more
+-- than one arming and was rewritten after the event); or its event was queued again by the run
+-- that holds its marker now
 event_without_marker as (
     select i.document_id, i.threshold_days, i.expires_at, i.run_id, i.message_id
     from unmatched_items i
@@ -147,16 +153,36 @@ event_without_marker as (
         select 1 from document_expiry_reminders r
         where r.document_id = i.document
           and r.threshold_days = i.threshold
-          and r.expires_at::text <> i.expires_at)
+          and (r.expires_at::text <> i.expires_at
+               or (r.armings > 1 and r.reminded_at > i.written_at)))
       and not exists (select 1 from queued_again q where q.message_id = i.message_id)
 ),
+-- one (document, threshold, expiry) in more than one event, and one arming told twice: more
+-- events list the (document, threshold) than its marker has had armings (each arming tells a
+-- threshold once; a date corrected back is told again in an arming of its own, under its own id)
 notified_twice as (
-    select i.document_id, i.threshold_days, i.expires_at,
-           string_agg(distinct i.run_id, ',' order by i.run_id) as runs,
-           string_agg(i.message_id::text, ',' order by i.message_id::text) as events
-    from items i
-    group by i.document_id, i.threshold_days, i.expires_at
-    having count(*) > 1
+    select t.document_id, t.threshold_days, t.expires_at, t.runs, t.events
+    from (
+        select i.document_id, i.threshold_days, i.expires_at,
+               string_agg(distinct i.run_id, ',' order by i.run_id) as runs,
+               string_agg(i.message_id::text, ',' order by i.message_id::text) as events
+        from items i
+        group by i.document_id, i.threshold_days, i.expires_at
+        having count(*) > 1
+    ) t
+    -- the events of each (document, threshold), counted once (a hash join, not a scan of the
+    -- items per group)
+    join (
+        select document_id, threshold_days, count(*) as events
+        from items
+        group by document_id, threshold_days
+    ) n on n.document_id = t.document_id and n.threshold_days = t.threshold_days
+    where n.events > coalesce((
+              select r.armings from document_expiry_reminders r
+              where r.document_id = case when t.document_id ~* %(uuid_pattern)s
+                                         then t.document_id::uuid end
+                and r.threshold_days = case when t.threshold_days ~ '^-?[0-9]{1,9}$'
+                                            then t.threshold_days::int end), 1)
 )
 select (select count(*) from scope_runs) as runs,
        (select count(*) from events) as events,

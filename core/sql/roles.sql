@@ -34,8 +34,9 @@ grant select (id, owner_user_id, person_id, type, number_mask, expires_at, statu
     on profile.person_documents to pin_reminder_worker;
 grant select, insert, delete on profile.document_expiry_reminders to pin_reminder_worker;
 -- A renewed document's markers are re-armed in place (on conflict do update): the columns a
--- claim rewrites, never the key (document_id, threshold_days) or the id.
-grant update (owner_user_id, type, expires_at, reminded_at, notified, run_id)
+-- claim rewrites (its arming counted in `armings`), never the key (document_id,
+-- threshold_days) or the id.
+grant update (owner_user_id, type, expires_at, reminded_at, notified, run_id, armings)
     on profile.document_expiry_reminders to pin_reminder_worker;
 grant select, insert, update, delete on profile.document_expiry_reminder_runs to pin_reminder_worker;
 -- The outbox: a row's place in the stream (txid, seq) is stamped by the database, never by a
@@ -44,9 +45,13 @@ revoke insert on profile.outbox_messages from pin_reminder_worker;
 grant insert (id, aggregate_type, aggregate_id, event_type, contract_version, topic,
               message_key, payload, headers, created_at, attempts)
     on profile.outbox_messages to pin_reminder_worker;
--- A row's id only (no payload): the claim skips a reminder the outbox already holds under its
--- message id (`on conflict (id) do nothing returning id` needs to see the id).
-grant select (id) on profile.outbox_messages to pin_reminder_worker;
+-- A row's id and body, never its headers: the claim skips a reminder the outbox already holds
+-- under its message id (`on conflict (id) do nothing returning id` needs to see the id), and
+-- refuses one whose stored body says something else (it reads back only what a claim wrote,
+-- from columns of person_documents it reads anyway).
+grant select (id, payload) on profile.outbox_messages to pin_reminder_worker;
+-- The claim's refusal (reminders migration 0008_ledger_armings): it only raises.
+grant execute on function profile.reminder_message_id_taken(uuid) to pin_reminder_worker;
 -- A new row's headers are the outbox's (outbox migrations 0009_outbox_headers and
 -- 0010_outbox_headers_aggregate: the five-argument form for a writer of the previous release),
 -- the CloudEvents headers included (0014_cloudevents_headers: the seven-argument form calls them).
@@ -83,7 +88,8 @@ grant execute on function
 grant select, insert, update on profile.outbox_topics to pin_outbox_relay;
 
 -- Observability: the worker's metrics server reports the outbox backlog (so it stays visible
--- while the relay is down), reading only the bookkeeping timestamps, never payload or headers.
+-- while the relay is down), reading only the bookkeeping timestamps (and, for the claim
+-- above, the id and the payload), never the headers.
 grant select (txid, seq, created_at, detoured_at, published_at, parked_at)
     on profile.outbox_messages to pin_reminder_worker;
 grant select on profile.outbox_relay_position to pin_reminder_worker;

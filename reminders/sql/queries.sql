@@ -199,8 +199,9 @@ order by d.owner_user_id, d.id;
 -- claim_batch: for a batch of owners, in one statement: their due documents (by id, from
 -- due_owners) and markers, the rules (as reminders.rules.decide), the markers (insert-wins, in
 -- document/threshold order), one outbox row per owner whose t* this statement won (its id named
--- after the reminder: an owner whose reminder the outbox holds already gets none), and the
--- notified items for the log
+-- after the reminder and its markers' arming: an owner whose reminder the outbox holds already
+-- gets none, and one whose id the outbox holds for a reminder that says something else fails the
+-- statement), and the notified items for the log
 with docs as materialized (
     -- marked: the thresholds marked for the current expiry date; stale: those marked for
     -- another date (renewed or corrected), which count for nothing and are re-armed in place.
@@ -272,16 +273,18 @@ claimed as (
     order by p.id, p.threshold_days
     -- A marker of another expiry date is replaced in place, so exactly one instance wins it
     -- (the others wait on its row lock, then see the new date and return nothing); a marker
-    -- of the same date is never rewritten.
+    -- of the same date is never rewritten. A new marker is its arming 1 (the column's
+    -- default); each re-arm is the next arming, which its reminder's message id names.
     on conflict (document_id, threshold_days) do update
         set owner_user_id = excluded.owner_user_id,
             type = excluded.type,
             expires_at = excluded.expires_at,
             reminded_at = excluded.reminded_at,
             notified = excluded.notified,
-            run_id = excluded.run_id
+            run_id = excluded.run_id,
+            armings = document_expiry_reminders.armings + 1
         where document_expiry_reminders.expires_at is distinct from excluded.expires_at
-    returning document_id, owner_user_id, type, threshold_days, expires_at, notified
+    returning document_id, owner_user_id, type, threshold_days, expires_at, notified, armings
 ),
 items as (
     -- the number mask goes into the event only, never back to the worker
@@ -289,7 +292,8 @@ items as (
     select c.owner_user_id, c.document_id, c.threshold_days,
            case when c.type ~ '\S' then c.type else %(unknown_type)s::text end as type,
            d.number_mask,
-           c.expires_at as expires_on, c.expires_at - %(as_of_date)s::date as days_left
+           c.expires_at as expires_on, c.expires_at - %(as_of_date)s::date as days_left,
+           c.armings
     from claimed c
     join docs d on d.id = c.document_id
     where c.notified
@@ -298,10 +302,13 @@ events as (
     select owner_user_id,
            min(days_left) as most_urgent,
            -- the reminder's name (events.message_id_name): the owner, then its items by
-           -- document, threshold, expiry date (a uuid sorts as its lowercase text)
+           -- document, threshold, expiry date (a uuid sorts as its lowercase text), each with
+           -- its marker's arming from the second on (a first arming is named as before the
+           -- arming counted)
            owner_user_id::text || string_agg(
                ';' || document_id::text || ',' || threshold_days::text || ','
-               || to_char(expires_on, 'YYYY-MM-DD'),
+               || to_char(expires_on, 'YYYY-MM-DD')
+               || case when armings > 1 then ',' || armings::text else '' end,
                '' order by document_id, threshold_days, expires_on) as name,
            jsonb_build_object(
                'ownerUserId', owner_user_id::text,
@@ -351,11 +358,39 @@ written as (
 written_owners as (
     select e.owner_user_id from identified e where e.id in (select id from written)
 ),
+taken as (
+    -- an id the outbox held before this statement (the statement's snapshot) for a reminder
+    -- that says something else: its body but `remindedAt` and each document's `daysLeft` (which
+    -- a later cycle's replay of the same arming recomputes: the contract's redelivery) differs.
+    -- The outbox's row, by primary key, for the ids not written only.
+    select e.id
+    from identified e
+    cross join lateral (
+        select m.payload from outbox_messages m where m.id = e.id offset 0
+    ) m
+    where e.id not in (select id from written)
+      and (m.payload - 'remindedAt' - 'documents' is distinct from
+               e.payload - 'remindedAt' - 'documents'
+           or exists (select d - 'daysLeft' from jsonb_array_elements(m.payload -> 'documents') d
+                      except all
+                      select d - 'daysLeft' from jsonb_array_elements(e.payload -> 'documents') d)
+           or exists (select d - 'daysLeft' from jsonb_array_elements(e.payload -> 'documents') d
+                      except all
+                      select d - 'daysLeft' from jsonb_array_elements(m.payload -> 'documents') d))
+),
+refused as (
+    -- never silently dropped: the function raises (a unique violation on the outbox's key), the
+    -- batch rolls back and is retried owner by owner, and this owner fails, logged and counted,
+    -- its markers unwritten, due again next cycle (docs/design.md §2.6)
+    select reminder_message_id_taken(t.id) from taken t
+),
 totals as (
     select (select count(*) from claimed) as markers_won,
            (select count(distinct id) from planned) as due_documents,
            (select count(*) from written) as events_written,
-           (select count(*) from identified) - (select count(*) from written) as already_queued,
+           -- (`refused` is empty whenever the statement returns)
+           (select count(*) from identified) - (select count(*) from written)
+           - (select count(*) from refused) as already_queued,
            -- won markers that replaced one of another date (as read by this statement)
            (select count(*) from claimed c
             join planned p on p.id = c.document_id and p.threshold_days = c.threshold_days

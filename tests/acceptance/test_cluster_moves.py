@@ -272,7 +272,7 @@ def test_a_point_in_time_restore_sends_again_what_came_after_that_point_and_lose
 
         assert unpublished(restored) == 0
         # the lost day's reminders are written again under the ids they had (docs/design.md,
-        # "One reminder, one message id"): on the topic, each reminder has one message_id
+        # "One arming, one message id"): on the topic, each reminder has one message_id
         assert event_ids(restored) - written_before_the_point == lost_day
         records = read_topic(kafka.bootstrap_servers)
         ids_by_reminder: dict[tuple[str, frozenset[tuple[str, int, str]]], set[str]] = {}

@@ -603,3 +603,28 @@ def test_against_the_topic_over_tls_with_the_relays_settings_and_a_refusal_exits
                           env={**audit_env, "KAFKA_SSL_CA_LOCATION": str(certificates.other_ca)})
     assert refused.returncode == 2, refused.stderr
     assert "kafka refused the audit" in refused.stderr
+
+
+def test_an_expiry_corrected_back_and_forth_is_each_arming_told_once_no_finding(
+    run: CycleRunner, documents: Documents
+) -> None:
+    doc = documents(expires_at=expiring_in(5))
+    for offset, days in enumerate((5, 6, 5, 6)):  # A, B, A, B: four armings, each told once
+        sql("update person_documents set expires_at = %s where id = %s",
+            (expiring_in(days), doc.id))
+        loop_cycle(run, day(offset))
+
+    report = audit()
+
+    # (document, 7, A) and (document, 7, B) are each in two events, of two armings: the marker
+    # has had four, so no arming was told twice; the first events' items lost their marker to
+    # the later armings, rewritten after them
+    assert found(report) == {}, report.as_dict()
+    assert report.check("ledger_outbox").examined["events"] == 4
+    # the last arming told again (its marker lost, and with it the count of its armings): a
+    # duplicate, found
+    sql("delete from document_expiry_reminders where document_id = %s", (doc.id,))
+    run(day(3) + timedelta(hours=1))
+    report = audit()
+    assert set(found(report)) == {"notified_twice", "event_without_marker"}
+    assert expiring_in(6).date().isoformat() in ids(report, "notified_twice", "expires")

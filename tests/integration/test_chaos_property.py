@@ -1,7 +1,10 @@
 """Property: for random document sets and random sequences of daily runs, with the thresholds,
 the batch size and the per-event cap changing between runs, and documents' expiry dates
 changing between runs (renewed, or corrected either way: refinement 5), the worker leaves
-exactly what the reference model (tests/support/reference.py) says, and the invariants hold.
+exactly what the reference model (tests/support/reference.py) says, each event under the
+message id the model names (its markers' armings: one arming, one id), and the invariants
+hold. A second property corrects expiries back and forth between two dates, so that a
+document is told again for a date it was told before, in a new arming, under a new id.
 
 The retention is drawn once per example: raising it after a prune lets an expired document
 re-enter the window unmarked and be reminded again (the seed's accepted trade-off)."""
@@ -9,7 +12,7 @@ re-enter the window unmarked and be reminded again (the seed's accepted trade-of
 import os
 import uuid
 from collections.abc import Callable
-from datetime import datetime, time, timedelta, timezone
+from datetime import UTC, datetime, time, timedelta, timezone
 
 from django.db import connection
 from hypothesis import HealthCheck, given, seed, settings
@@ -134,3 +137,56 @@ def test_random_documents_and_daily_runs_match_the_reference_model(
                        rearmed=model.rearmed,
                        mismatches=figures["lost"] + figures["unexpected"] + figures["duplicated"])
 
+
+
+# Corrections back and forth: each document's expiry is one of two dates, its first (A) or A
+# moved by its `delta` days (B); before a run some documents are set to one or the other, so
+# A-B-A, A-B-A-B and longer come often (and setting the date a document has changes nothing).
+corrected_documents = st.lists(
+    st.tuples(st.integers(0, len(OWNERS) - 1), st.integers(-3, 35),
+              st.integers(-12, 12).filter(bool)),
+    min_size=1, max_size=6)
+corrections = st.lists(st.tuples(st.integers(0, 5), st.booleans()), max_size=3)
+correcting_runs = st.lists(st.tuples(st.integers(1, 3), corrections), min_size=2, max_size=8)
+CORRECTIONS_PROFILES = {"ci": settings(max_examples=60, derandomize=True, database=None),
+                        "random": settings(max_examples=400)}
+
+
+@settings(CORRECTIONS_PROFILES[PROFILE], deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(documents_=corrected_documents, runs=correcting_runs)
+def test_expiries_corrected_back_and_forth_tell_each_arming_once_under_its_own_id(
+    run: CycleRunner, documents: Documents, documents_: list[tuple[int, int, int]],
+    runs: list[tuple[int, list[tuple[int, bool]]]],
+) -> None:
+    reset_tables()
+    noon = time(12, 0, tzinfo=UTC)
+    dates = [(datetime.combine(AS_OF.date() + timedelta(days=days), noon),
+              datetime.combine(AS_OF.date() + timedelta(days=days + delta), noon))
+             for _owner, days, delta in documents_]
+    specs = [PersonDocument(id=uuid.uuid4(), owner_user_id=OWNERS[owner], person_id=uuid.uuid4(),
+                            type="Passport", number_mask="45 ** ****12", expires_at=first,
+                            status="Active", deleted_at=None)
+             for (owner, _days, _delta), (first, _) in zip(documents_, dates, strict=True)]
+    insert_documents(specs)
+    model = ReferenceLedger()
+    as_of = AS_OF
+    for gap, flips in runs:
+        with connection.cursor() as cursor:
+            cursor.execute("reset role")
+            for index, to_b in flips:
+                cursor.execute("update person_documents set expires_at = %s where id = %s",
+                               (dates[index % len(specs)][to_b], specs[index % len(specs)].id))
+        before = documents_md5()
+        reference = documents_from_database()
+        as_of += timedelta(days=gap)
+        result = run(as_of, tick=as_of)
+        # a new arming never meets an id of an earlier one: nothing is already queued
+        assert (result.ok, result.owners_already_queued) == (True, 0)
+        model.run(reference, as_of, (30, 7, 1, 0))
+        check_invariants(documents_before=before, model=model,
+                         audit_checks=("ledger_outbox", "left_behind"))
+    chaos_report.count("property (expiries corrected back and forth)", examples=1,
+                       documents=len(specs), runs=len(runs),
+                       told_again=sum(len(items) for items in model.events.values()),
+                       rearmed=model.rearmed)

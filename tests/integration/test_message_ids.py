@@ -1,15 +1,22 @@
-"""One reminder, one message id (docs/design.md, "One reminder, one message id"): the claim
-names each outbox row after its reminder, and a reminder written again (its markers lost with a
-restore or a rollback) keeps its id: a second row is never written, the claim does not fail."""
+"""One arming, one message id (docs/design.md, "One arming, one message id"): the claim names
+each outbox row after its reminder and the arming its markers are in. A reminder written again
+(its markers lost with a restore or a rollback) replays its arming and keeps its id: a second
+row is never written, the claim does not fail. A new arming (the expiry changed, even back to
+a date told before) is a new reminder under a new id. An id the outbox holds for a reminder
+that says something else fails its owner, loudly, and leaves it due."""
 
 import json
 import logging
 import uuid
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
 from django.db import connection
+from prometheus_client import REGISTRY
 
+from reminders.config import ReminderSettings
+from reminders.observe import MetricsObserver
 from tests.conftest import CycleRunner
 from tests.support.contract import named_after
 from tests.support.factories import Documents
@@ -34,6 +41,58 @@ def lose_the_ledger(*, with_the_outbox: bool = False) -> None:
         cursor.execute("delete from document_expiry_reminders")
         if with_the_outbox:
             cursor.execute("delete from outbox_messages")
+
+
+def set_expiry(document_id: uuid.UUID, expires_at: datetime) -> None:
+    """The profile service changes the document's expiry (a renewal, a correction)."""
+    with connection.cursor() as cursor:
+        cursor.execute("reset role")
+        cursor.execute("update person_documents set expires_at = %s where id = %s",
+                       (expires_at, document_id))
+
+
+LEDGER_COLUMNS = ("id, document_id, owner_user_id, type, threshold_days, expires_at,"
+                  " reminded_at, notified, run_id, armings")
+
+
+def ledger_rows() -> list[tuple[Any, ...]]:
+    """The whole ledger, every column: what a backup of it holds."""
+    with connection.cursor() as cursor:
+        cursor.execute("reset role")
+        cursor.execute(f"select {LEDGER_COLUMNS} from document_expiry_reminders")
+        return list(cursor.fetchall())
+
+
+def restore_ledger(rows: list[tuple[Any, ...]]) -> None:
+    """The ledger restored from `ledger_rows()` (the outbox left as it is)."""
+    with connection.cursor() as cursor:
+        cursor.execute("reset role")
+        cursor.execute("delete from document_expiry_reminders")
+        cursor.executemany(f"insert into document_expiry_reminders ({LEDGER_COLUMNS})"
+                           " values (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)", rows)
+
+
+def lose_outbox_rows_after(instant: datetime) -> None:
+    """The outbox rows written after `instant` lost (restored with the ledger)."""
+    with connection.cursor() as cursor:
+        cursor.execute("reset role")
+        cursor.execute("delete from outbox_messages where created_at > %s", (instant,))
+
+
+def told(owner: uuid.UUID) -> list[tuple[uuid.UUID, dict[str, Any]]]:
+    """(id, payload) of the owner's events, oldest first."""
+    with connection.cursor() as cursor:
+        cursor.execute("select id, payload from outbox_messages where aggregate_id = %s"
+                       " order by created_at, id", (str(owner),))
+        return [(i, _json(payload)) for i, payload in cursor.fetchall()]
+
+
+def armings(document_id: uuid.UUID) -> dict[int, int]:
+    """threshold -> the arming its marker is in."""
+    with connection.cursor() as cursor:
+        cursor.execute("select threshold_days, armings from document_expiry_reminders"
+                       " where document_id = %s", (document_id,))
+        return dict(cursor.fetchall())
 
 
 def already_queued_in_runs() -> list[int]:
@@ -106,3 +165,123 @@ def test_a_reminder_lost_with_its_outbox_row_is_written_again_under_the_same_id(
     # a redelivery: the same items; the cycle's date and the days left are the new cycle's
     assert {i: [d["daysLeft"] for d in after[i]["documents"]] for i in after} == {
         i: [d["daysLeft"] - 1 for d in before[i]["documents"]] for i in before}
+
+
+# A, B, A (and B again): each day the expiry is corrected, 5 or 6 days ahead of AS_OF's date
+A, B = expiring_in(5), expiring_in(6)
+
+
+@pytest.mark.parametrize("dates", [[A, B, A], [A, B, A, B]], ids=["A-B-A", "A-B-A-B"])
+def test_an_expiry_corrected_back_and_forth_tells_each_arming_once_under_its_own_id(
+    run: CycleRunner, documents: Documents, dates: list[datetime],
+) -> None:
+    doc = documents(expires_at=dates[0])
+
+    for offset, expires in enumerate(dates):
+        set_expiry(doc.id, expires)
+        result = run(day(offset))
+        assert (result.owners_notified, result.reminders_sent, result.owners_already_queued,
+                result.failed_owners) == (1, 1, 0, 0), f"day {offset}"
+        again = run(day(offset) + timedelta(hours=1))  # the same arming: told once
+        assert (again.due_documents, again.owners_notified) == (0, 0), f"day {offset}"
+
+    events = told(doc.owner_user_id)
+    # every arming told (before: the id of A's second arming was A's first, and its event was
+    # dropped as already queued: the investor's last word said B)
+    assert [(body["documents"][0]["thresholdDays"], body["documents"][0]["expiresAt"])
+            for _, body in events] == [(7, d.date().isoformat()) for d in dates]
+    # each under its own id, named after its arming: 30 and 7 re-armed each day
+    ids = [message_id for message_id, _ in events]
+    assert len(set(ids)) == len(dates)
+    assert ids == [named_after(body, {(str(doc.id), 7): arming})
+                   for arming, (_, body) in enumerate(events, start=1)]
+    assert ids[0] == named_after(events[0][1])  # a first arming is named as before armings
+    assert armings(doc.id) == {30: len(dates), 7: len(dates)}
+
+
+def test_a_restore_replays_each_arming_under_the_id_it_had(
+    run: CycleRunner, documents: Documents,
+) -> None:
+    dates = [A, B, A, B]
+    doc = documents(expires_at=A)
+    run(day(0))
+    backup = ledger_rows()  # last night's backup: the first arming told
+    [(_, first)] = told(doc.owner_user_id)
+    for offset, expires in enumerate(dates[1:], start=1):
+        set_expiry(doc.id, expires)
+        run(day(offset))
+    original = told(doc.owner_user_id)
+
+    # The database restored from the backup (the ledger and the outbox: the later rows lost),
+    # and the same corrections replayed, each a little later: every arming again under its id
+    restore_ledger(backup)
+    lose_outbox_rows_after(datetime.fromisoformat(_created_at(original[0][0])))
+    set_expiry(doc.id, A)
+    for offset, expires in enumerate(dates[1:], start=1):
+        set_expiry(doc.id, expires)
+        replayed = run(day(offset) + timedelta(hours=2))
+        assert (replayed.owners_notified, replayed.owners_already_queued) == (1, 0)
+    assert [i for i, _ in told(doc.owner_user_id)] == [i for i, _ in original]
+    assert told(doc.owner_user_id)[0][1] == first
+
+    # The ledger alone restored (the outbox kept every row): each arming is already queued,
+    # never written again, never refused
+    restore_ledger(backup)
+    set_expiry(doc.id, A)
+    for offset, expires in enumerate(dates[1:], start=1):
+        set_expiry(doc.id, expires)
+        replayed = run(day(offset) + timedelta(hours=3))
+        assert (replayed.owners_notified, replayed.owners_already_queued,
+                replayed.failed_owners) == (0, 1, 0)
+    assert [i for i, _ in told(doc.owner_user_id)] == [i for i, _ in original]
+    assert armings(doc.id) == {30: 4, 7: 4}
+
+
+def _created_at(message_id: uuid.UUID) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("select created_at::text from outbox_messages where id = %s", (message_id,))
+        [(created,)] = cursor.fetchall()
+        return str(created)
+
+
+def errors_counted() -> float:
+    return REGISTRY.get_sample_value("profile_document_expiry_reminder_errors_total") or 0.0
+
+
+def test_an_id_the_outbox_holds_for_a_reminder_that_says_otherwise_fails_its_owner(
+    run: CycleRunner, documents: Documents, caplog: pytest.LogCaptureFixture,
+) -> None:
+    refused = documents(expires_at=expiring_in(5))
+    replayed = documents(expires_at=expiring_in(6))
+    run(AS_OF)
+    before = outbox()
+    [taken] = [r[0] for r in before if r[1] == str(refused.owner_user_id)]
+    # the row under the refused owner's id says another number mask than the document's (as if
+    # the id named two reminders); the other owner's row is the same reminder
+    with connection.cursor() as cursor:
+        cursor.execute("reset role")
+        cursor.execute("update outbox_messages set payload = jsonb_set(payload,"
+                       " '{documents,0,numberMask}', '\"99 ** ****99\"') where id = %s", (taken,))
+    tampered = outbox()
+    lose_the_ledger()
+    observer = MetricsObserver(ReminderSettings())
+    errors = errors_counted()
+    caplog.clear()
+
+    with caplog.at_level(logging.INFO, logger="reminders"):
+        again = run(AS_OF + timedelta(hours=2), observer=observer)  # a later remindedAt
+
+    # never silently dropped: the owner failed, counted and logged; the other one, whose stored
+    # body differs only in remindedAt and daysLeft, is the normal replay (already queued)
+    assert (again.status, again.failed_owners, again.owners_already_queued,
+            again.owners_notified) == ("partial", 1, 1, 0)
+    assert errors_counted() == errors + 1
+    [failed] = [r.__dict__["fields"] for r in caplog.records if r.getMessage() == "owner failed"]
+    assert failed["owner_user_id"] == refused.owner_user_id
+    assert failed["error"].startswith(
+        f"UniqueViolation: message id {taken} is in the outbox with another payload")
+    assert "99 **" not in caplog.text and "numberMask" not in caplog.text
+    # nothing written for it: its markers rolled back, so it stays due and is tried again
+    assert markers(refused.id) == set() and markers(replayed.id)
+    assert outbox() == tampered
+    assert run(AS_OF + timedelta(hours=3)).failed_owners == 1

@@ -9,14 +9,17 @@ Read it as the specification, one day at a time:
 - `left` = UTC expiry date - UTC as-of date; a threshold `t` is reached when `left <= t`;
 - a marker counts only for the expiry date it was written for: after a renewal (or a
   correction) the document's markers of the old date count for nothing, and the new one
-  replaces the old one for its threshold;
+  replaces the old one for its threshold, as its next arming (a marker written where none
+  was is arming 1);
 - reached thresholds without a marker get one; the smallest of them is "the one to tell",
   and it is told (notified, and listed in the owner's event of the day) unless the document
   already has a marker for an even smaller threshold (it was told something more urgent);
 - at most `cap` documents per owner per day, the most urgent first (smallest `left`, then
   id); the others get nothing that day;
 - an event item carries the document's type, or "Unknown" when that is blank;
-- at the end of the day, markers whose expiry date is before as-of date - retention go.
+- at the end of the day, markers whose expiry date is before as-of date - retention go;
+- an owner's event of the day has the message id the contract names: the owner, then each
+  item's (document, threshold, expiry date) and, from its second on, the arming of its marker.
 """
 
 import uuid
@@ -26,6 +29,9 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from django.db import connection
+
+from reminders.events import MESSAGE_ID_NAMESPACE
+from tests.support.contract import contract_name, recipe
 
 DEFAULT_CAP = 500
 
@@ -44,6 +50,7 @@ class RefDocument:
 class RefMarker:
     notified: bool
     expiry_day: date
+    arming: int = 1
 
 
 @dataclass
@@ -57,10 +64,14 @@ class ReferenceLedger:
         default_factory=dict)
     # markers that replaced one of another expiry date
     rearmed: int = 0
+    # (owner, as-of date) -> {document id: the arming of the marker its event item told}
+    told_armings: dict[tuple[uuid.UUID, date], dict[uuid.UUID, int]] = field(
+        default_factory=dict)
 
     def copy(self) -> "ReferenceLedger":
         return ReferenceLedger({d: dict(m) for d, m in self.markers.items()},
-                               {k: dict(v) for k, v in self.events.items()}, self.rearmed)
+                               {k: dict(v) for k, v in self.events.items()}, self.rearmed,
+                               {k: dict(v) for k, v in self.told_armings.items()})
 
     def run(self, documents: list[RefDocument], as_of: datetime, thresholds: tuple[int, ...],
             retention_days: int = 90, cap: int = DEFAULT_CAP) -> None:
@@ -95,8 +106,9 @@ class ReferenceLedger:
         told_more_urgent = any(t < to_tell for t in current)
         for t in new:
             self.rearmed += t in marked
-            marked[t] = RefMarker(
-                notified=(t == to_tell and not told_more_urgent), expiry_day=expiry_day)
+            arming = marked[t].arming + 1 if t in marked else 1
+            marked[t] = RefMarker(notified=(t == to_tell and not told_more_urgent),
+                                  expiry_day=expiry_day, arming=arming)
         if not told_more_urgent:
             self.events.setdefault((owner, today), {})[doc.id] = {
                 "documentId": str(doc.id), "type": doc.type if doc.type.strip() else "Unknown",
@@ -104,11 +116,25 @@ class ReferenceLedger:
                 "expiresAt": expiry_day.isoformat(), "thresholdDays": to_tell,
                 "daysLeft": left,
             }
+            self.told_armings.setdefault((owner, today), {})[doc.id] = marked[to_tell].arming
 
     def marker_set(self) -> set[tuple[uuid.UUID, int, bool, date]]:
         """(document, threshold, notified, the expiry date the marker answers for)."""
         return {(d, t, m.notified, m.expiry_day)
                 for d, marked in self.markers.items() for t, m in marked.items()}
+
+    def armings(self) -> dict[tuple[uuid.UUID, int], int]:
+        """(document, threshold) -> the arming its marker is in."""
+        return {(d, t): m.arming for d, marked in self.markers.items() for t, m in marked.items()}
+
+    def message_ids(self) -> dict[tuple[uuid.UUID, date], uuid.UUID]:
+        """(owner, as-of date) -> the message id of the owner's event of that day."""
+        return {
+            (owner, day): recipe(MESSAGE_ID_NAMESPACE, contract_name(str(owner), [
+                (item["documentId"], item["thresholdDays"], item["expiresAt"],
+                 self.told_armings[(owner, day)][document])
+                for document, item in items.items()]))
+            for (owner, day), items in self.events.items()}
 
     def reminders(self) -> int:
         """How many (document, threshold) reminders were notified."""
