@@ -7,14 +7,13 @@ unless DATABASE_SSLMODE_ALLOW names the lesser mode it uses. A Unix socket or a 
 address never leaves the machine, so any mode is accepted there.
 """
 
-import ipaddress
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import environ
 
-from core.config import ConfigError
+from core.config import ConfigError, is_local_host
 
 URL_VAR = "DATABASE_URL"
 SSLMODE_ALLOW_VAR = "DATABASE_SSLMODE_ALLOW"
@@ -55,19 +54,6 @@ def merged_options(url_options: Mapping[str, Any], ours: Mapping[str, Any]) -> d
     if "options" in url_options and "options" in ours:
         merged["options"] = f"{ours['options']} {url_options['options']}"
     return merged
-
-
-def is_local_host(host: str) -> bool:
-    """A Unix socket (no host, or a directory) or a loopback address: nothing crosses a network."""
-    host = host.strip()
-    if not host or host.startswith(("/", "%2F", "%2f", "@")):
-        return True
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def tls_refusal(host: str, sslmode: str, allowed: str | None) -> str | None:
