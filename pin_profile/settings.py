@@ -151,14 +151,21 @@ LOGGING = {
 }
 
 
+HSTS_SECONDS = 365 * 24 * 3600
+# An admin session lasts an hour from its login (Django's default is two weeks), and ends
+# with the browser.
+SESSION_COOKIE_AGE = env.parsed("DJANGO_SESSION_COOKIE_AGE", parse_non_negative_int, 3600)
+SESSION_EXPIRE_AT_BROWSER_CLOSE = True
+
+
 def https_settings(secure: bool) -> tuple[bool, int, bool, bool, bool]:
     """SECURE_SSL_REDIRECT, SECURE_HSTS_SECONDS, SECURE_HSTS_INCLUDE_SUBDOMAINS,
     SECURE_HSTS_PRELOAD and the cookies' secure flag, each from its variable; where unset,
-    all on when `secure` (HSTS for a minute, as cookiecutter-django: raise it once HTTPS is
-    known to work), all off otherwise."""
+    all on when `secure` (HSTS for a year), all off otherwise."""
     return (
         env.parsed("DJANGO_SECURE_SSL_REDIRECT", parse_flag, secure),
-        env.parsed("DJANGO_SECURE_HSTS_SECONDS", parse_non_negative_int, 60 if secure else 0),
+        env.parsed("DJANGO_SECURE_HSTS_SECONDS", parse_non_negative_int,
+                   HSTS_SECONDS if secure else 0),
         env.parsed("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", parse_flag, secure),
         env.parsed("DJANGO_SECURE_HSTS_PRELOAD", parse_flag, secure),
         env.parsed("DJANGO_SECURE_COOKIES", parse_flag, secure),
