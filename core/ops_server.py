@@ -60,8 +60,9 @@ class Probes:
 
 
 class RecentVerdict:
-    """A probe answered from its last verdict while that is at most `max_age_s` old; callers
-    arriving together wait for the one check under way instead of starting their own."""
+    """A probe answered from its last verdict while that is at most `max_age_s` old. One caller
+    at a time runs the probe; the others take the last verdict meanwhile (a slow database holds
+    one request thread, not all), or, before the first, wait for it."""
 
     def __init__(self, probe: Probe, max_age_s: float = READINESS_MAX_AGE_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -70,10 +71,18 @@ class RecentVerdict:
         self._last: tuple[float, Verdict] | None = None
 
     def __call__(self) -> Verdict:
-        with self._lock:
-            if self._last is None or self._clock() - self._last[0] > self._max_age_s:
-                self._last = (self._clock(), self._probe())
-            return self._last[1]
+        last = self._last
+        if last is not None and self._clock() - last[0] <= self._max_age_s:
+            return last[1]
+        if not self._lock.acquire(blocking=last is None):
+            return last[1]  # type: ignore[index]  # another caller is checking
+        try:
+            last = self._last
+            if last is None or self._clock() - last[0] > self._max_age_s:
+                last = self._last = (self._clock(), self._probe())
+            return last[1]
+        finally:
+            self._lock.release()
 
 
 def _handler(registry: CollectorRegistry, probes: Probes) -> type[BaseHTTPRequestHandler]:

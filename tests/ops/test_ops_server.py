@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.health import Verdict
-from core.ops_server import REQUEST_TIMEOUT_S, OpsServer, Probes
+from core.ops_server import REQUEST_TIMEOUT_S, OpsServer, Probes, RecentVerdict
 from reminders.config import DEFAULT_THRESHOLDS
 from tests.conftest import command_env, manage_py, test_database_url
 from tests.support.factories import Documents
@@ -103,6 +103,27 @@ def test_idle_connections_do_not_stop_the_server_answering() -> None:
         for conn in idle:
             conn.close()
         server.stop()
+
+
+def test_readiness_is_checked_once_a_second_and_a_slow_check_holds_one_caller() -> None:
+    now, calls, release = [0.0], [], threading.Event()
+
+    def probe() -> Verdict:
+        calls.append(now[0])
+        if len(calls) == 2:
+            release.wait(timeout=10)  # the database is slow this time
+        return Verdict(len(calls) == 1, f"check {len(calls)}")
+
+    ready = RecentVerdict(probe, max_age_s=1.0, clock=lambda: now[0])
+    assert [ready() for _ in range(100)] == [Verdict(True, "check 1")] * 100
+    now[0] = 1.5
+    slow = threading.Thread(target=ready)
+    slow.start()
+    wait_for("the slow check", lambda: len(calls) == 2)
+    assert ready() == Verdict(True, "check 1")  # the last verdict, not a wait
+    release.set()
+    slow.join(timeout=10)
+    assert ready() == Verdict(False, "check 2") and len(calls) == 2
 
 
 READINESS_APP = "pin-ops-readiness-burst"
