@@ -79,7 +79,10 @@ def check_tls(config: Mapping[str, Any], environ_: Mapping[str, str]) -> None:
     sslmode = str(options.get("sslmode") or environ_.get("PGSSLMODE") or LIBPQ_DEFAULT_SSLMODE)
     if sslmode not in SSLMODES:
         raise ConfigError(URL_VAR, f"sslmode: expected one of {', '.join(SSLMODES)}")
-    problem = tls_refusal(str(config.get("HOST") or environ_.get("PGHOST") or ""), sslmode,
+    # Where libpq connects: the host, or the address `hostaddr` names for it.
+    hosts = [str(config.get("HOST") or environ_.get("PGHOST") or ""),
+             *([str(options["hostaddr"])] if options.get("hostaddr") else [])]
+    problem = tls_refusal(",".join(hosts), sslmode,
                           allowed.strip() if allowed is not None else None)
     if problem:
         raise ConfigError(URL_VAR, problem)

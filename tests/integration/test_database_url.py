@@ -85,6 +85,8 @@ def test_loopback_and_sockets_need_no_switch_and_a_bad_switch_is_refused() -> No
         assert done.returncode == 0, (host, done.stderr)
     bad = _python(SHOW_SETTINGS, "postgres://u@127.0.0.1/db", DATABASE_SSLMODE_ALLOW="off")
     assert "DATABASE_SSLMODE_ALLOW" in bad.stderr
+    behind_a_name = _python(SHOW_SETTINGS, "postgres://u@localhost/db?hostaddr=10.0.0.5")
+    assert "sslmode=prefer" in behind_a_name.stderr
 
 
 @pytest.mark.parametrize("password", ["Ab3/xyz", "Ab3?xyz", "Ab3#xyz", "Ab3@xyz", "Ab3%xyz",
