@@ -8,6 +8,7 @@ from enum import StrEnum
 from typing import Any
 
 from audit.findings import Code
+from core.logs import printable
 
 
 class Status(StrEnum):
@@ -152,4 +153,5 @@ def render_text(report: AuditReport) -> str:
                 lines.append(f"      ids{shown}: {_ids(f.ids)}")
             lines.append(f"      do: {f.action} ({f.runbook})")
     lines.append(report.verdict)
-    return "\n".join(lines)
+    # Ids, notes and errors come from the database and Kafka: each line shown as one line.
+    return "\n".join(map(printable, lines))

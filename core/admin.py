@@ -5,6 +5,7 @@ through the indexes. Also the overview cards an app offers to the project's over
 import json
 import uuid
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
@@ -12,13 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.exceptions import NotRegistered
+from django.contrib.auth.models import Group, User
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Q, QuerySet
+from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
+from core.login_throttle import ThrottledLoginForm
 from core.queries import QueryFile
 
 QUERIES = QueryFile(Path(__file__).parent / "sql" / "admin.sql")
@@ -135,13 +140,37 @@ def compact_time(instant: datetime | None, *, seconds: bool = True) -> str:
     return f"{instant.astimezone(UTC):%Y-%m-%d %H:%M:%S}"[: None if seconds else -3]
 
 
+# The lookups a querystring may use on a field it may filter on: equality, ranges and dates,
+# which an index serves; never a text search (`__icontains`) or a JSON path into a payload.
+QUERYSTRING_LOOKUPS = frozenset({"exact", "in", "isnull", "gt", "gte", "lt", "lte", "year",
+                                 "month", "day"})
+
+
 class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
-    """No add, change or delete for anyone, superusers included; no bulk actions."""
+    """No add, change or delete for anyone, superusers included; no bulk actions. A querystring
+    filters only on the list filters' fields, the date hierarchy's and `indexed_fields`, with
+    QUERYSTRING_LOOKUPS; any other lookup answers 400 (Django's DisallowedModelAdminLookup)."""
 
     actions: Sequence[str] | None = None
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     paginator = EstimatedCountPaginator
+    indexed_fields: tuple[str, ...] = ()
+
+    def querystring_fields(self) -> set[str]:
+        """The fields a querystring may filter on."""
+        fields = {entry if isinstance(entry, str) else str(entry[0])
+                  for entry in self.list_filter if isinstance(entry, str | tuple)}
+        fields |= {str(entry.parameter_name) for entry in self.list_filter
+                   if isinstance(entry, type) and issubclass(entry, admin.SimpleListFilter)}
+        hierarchy = {str(self.date_hierarchy)} if self.date_hierarchy else set()
+        return fields | set(self.indexed_fields) | hierarchy
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest | None = None) -> bool:
+        field_name, _, rest = lookup.partition(LOOKUP_SEP)
+        if field_name not in self.querystring_fields() or (rest and rest not in QUERYSTRING_LOOKUPS):
+            return False
+        return bool(super().lookup_allowed(lookup, value, request))
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -195,3 +224,11 @@ def offer_run_events_link(link: RunEventsLink) -> None:
 def run_events_link() -> RunEventsLink | None:
     """The offered link to a run's events (None when no installed app lists them)."""
     return _run_events_link[0] if _run_events_link else None
+
+
+# Users and groups are managed with manage.py under the owner's role (docs/admin.md), never in
+# the admin, whose database role may only read them; its login is throttled.
+for _model in (User, Group):
+    with suppress(NotRegistered):
+        admin.site.unregister(_model)
+admin.site.login_form = ThrottledLoginForm

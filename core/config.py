@@ -6,6 +6,7 @@ parser that validates it. Every problem raises `ConfigError`, whose message name
 and what is wrong; manage.py and the commands turn it into one line and exit code 2.
 """
 
+import ipaddress
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -160,3 +161,16 @@ def parse_flag(name: str, raw: str) -> bool:
     if value is None:
         raise ConfigError(name, f"expected on or off (true/false, yes/no, 1/0), got {raw.strip().lower()!r}")
     return value
+
+
+def is_local_host(host: str) -> bool:
+    """A Unix socket (no host, or a directory) or a loopback address: nothing crosses a network."""
+    host = host.strip()
+    if not host or host.startswith(("/", "%2F", "%2f", "@")):
+        return True
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False

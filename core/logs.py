@@ -1,6 +1,9 @@
 """Structured logging: one JSON object per line under a supervisor, readable text on a terminal.
 
-Log calls name an event and pass its fields; the formatter decides the shape.
+Log calls name an event and pass its fields; the formatter decides the shape. Text lines
+show every value through `printable`: a newline or a terminal escape in a value from outside
+(a document's type, a topic's record) cannot forge a line or repaint the screen; JSON escapes
+them itself.
 Fields never carry personal data: callers pass ids, types, thresholds and counts
 only (the number mask and the payload never reach a logger).
 
@@ -20,6 +23,7 @@ import json
 import logging
 import os
 import queue
+import re
 import signal
 import sys
 import uuid
@@ -39,6 +43,19 @@ _EACH = "each"
 _STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 # Values orjson renders exactly as json.dumps(_jsonable(value)) does (given ASCII output).
 _PLAIN_TYPES = frozenset({str, int, bool, type(None), uuid.UUID})
+# Control characters (C0, DEL, C1), line and paragraph separators, and the bidirectional
+# overrides that reorder what a terminal shows.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return repr(match[0])[1:-1]
+
+
+def printable(text: str) -> str:
+    """`text` with every control character escaped as Python writes it (`\\n`, `\\x1b`,
+    `\\u202e`): one line, shown as it is, for a log line or a report."""
+    return text if text.isprintable() else _UNPRINTABLE.sub(_escaped, text)
 
 
 def leave_stop_signals_to_the_main_thread() -> None:
@@ -161,11 +178,13 @@ class StructuredFormatter(logging.Formatter):
             if exception := self._exception(record):
                 line["exception"] = exception
             return json.dumps(line, separators=(",", ":"))
-        text = " ".join(f"{k}={_jsonable(v)}" for k, v in fields.items())
-        out = f"{when:%H:%M:%S} {record.levelname:<7} {record.getMessage()}"
+        text = " ".join(f"{printable(str(k))}={printable(str(_jsonable(v)))}"
+                        for k, v in fields.items())
+        out = f"{when:%H:%M:%S} {record.levelname:<7} {printable(record.getMessage())}"
         out = f"{out}  {text}" if text else out
         if exception := self._exception(record):
-            out = f"{out}\n{exception}"
+            # Indented: no line of a traceback (whose message may quote a value) reads as a record.
+            out = "\n".join([out, *(f"  {printable(line)}" for line in exception.splitlines())])
         return out
 
     def _exception(self, record: logging.LogRecord) -> str | None:

@@ -2,17 +2,25 @@
 `/healthz` (liveness) and `/readyz` (readiness), on METRICS_ADDR (unset = no server).
 `operations_server` is the one wiring every `--loop` uses (the worker's, the relay's, the audit's).
 
-It runs on daemon threads beside the loop; each request is answered on its own thread.
+It runs on daemon threads beside the loop and cannot be exhausted (docs/operations.md,
+"Security"): one thread waits on every connection at once and hands a connection to one of a
+few request threads only once its request has started to arrive; a connection idle or slow past
+REQUEST_TIMEOUT_S is closed, and past MAX_CONNECTIONS the oldest waiting one is. Readiness is
+answered from a verdict at most READINESS_MAX_AGE_S old, so a burst of `/readyz` costs the
+database one check (one connection) a second.
 """
 
 import logging
+import queue
 import re
+import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry
@@ -26,6 +34,14 @@ from core.logs import leave_stop_signals_to_the_main_thread, log_event
 logger = logging.getLogger("core.ops_server")
 
 Probe = Callable[[], Verdict]
+# A request must arrive whole, and its answer be taken, within this many seconds.
+REQUEST_TIMEOUT_S = 5.0
+# Requests answered at once, connections open at once (the oldest idle one closed past it),
+# and requests arrived but not yet answered (a connection past it is closed unanswered).
+REQUEST_THREADS = 4
+MAX_CONNECTIONS = 1_000
+MAX_QUEUED = 64
+READINESS_MAX_AGE_S = 1.0
 _ADDR = re.compile(r"^(?:\[(?P<v6>[0-9a-fA-F:.]+)\]|(?P<host>[^:\[\]]*)):(?P<port>\d{1,5})$")
 
 
@@ -43,9 +59,36 @@ class Probes:
     readiness: Probe
 
 
+class RecentVerdict:
+    """A probe answered from its last verdict while that is at most `max_age_s` old. One caller
+    at a time runs the probe; the others take the last verdict meanwhile (a slow database holds
+    one request thread, not all), or, before the first, wait for it."""
+
+    def __init__(self, probe: Probe, max_age_s: float = READINESS_MAX_AGE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._probe, self._max_age_s, self._clock = probe, max_age_s, clock
+        self._lock = threading.Lock()
+        self._last: tuple[float, Verdict] | None = None
+
+    def __call__(self) -> Verdict:
+        last = self._last
+        if last is not None and self._clock() - last[0] <= self._max_age_s:
+            return last[1]
+        if not self._lock.acquire(blocking=last is None):
+            return last[1]  # type: ignore[index]  # another caller is checking
+        try:
+            last = self._last
+            if last is None or self._clock() - last[0] > self._max_age_s:
+                last = self._last = (self._clock(), self._probe())
+            return last[1]
+        finally:
+            self._lock.release()
+
+
 def _handler(registry: CollectorRegistry, probes: Probes) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "pin-profile-ops"
+        timeout = REQUEST_TIMEOUT_S
 
         def do_GET(self) -> None:
             path = self.path.split("?", 1)[0]
@@ -73,43 +116,95 @@ def _handler(registry: CollectorRegistry, probes: Probes) -> type[BaseHTTPReques
     return Handler
 
 
-class _Server4(ThreadingHTTPServer):
-    daemon_threads = True
-
-
-class _Server6(_Server4):
-    address_family = socket.AF_INET6
-
-
 class OpsServer:
     """A running server; `address` is where it listens (the real port when 0 was asked)."""
 
     def __init__(self, host: str, port: int, probes: Probes,
-                 registry: CollectorRegistry = REGISTRY) -> None:
-        server_class = _Server6 if ":" in host else _Server4
-        self._httpd = server_class((host, port), _handler(registry, probes))
-        self._thread = threading.Thread(target=self._serve, name="ops-server", daemon=True)
+                 registry: CollectorRegistry = REGISTRY, *,
+                 readiness_max_age_s: float = READINESS_MAX_AGE_S) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, port), family=family, backlog=128)
+        self._listener.setblocking(False)
+        cached = Probes(liveness=probes.liveness, readiness=RecentVerdict(probes.readiness,
+                                                                   readiness_max_age_s))
+        self._handler = _handler(registry, cached)
+        self._arrived: queue.Queue[tuple[socket.socket, Any] | None] = queue.Queue(MAX_QUEUED)
+        self._stopping = threading.Event()
+        self._threads = [threading.Thread(target=self._wait_for_requests, name="ops-server",
+                                          daemon=True)]
+        self._threads += [threading.Thread(target=self._answer_requests, name=f"ops-request-{n}",
+                                           daemon=True) for n in range(REQUEST_THREADS)]
 
     @property
     def address(self) -> tuple[str, int]:
-        host, port = self._httpd.server_address[:2]
+        host, port = self._listener.getsockname()[:2]
         return str(host), int(port)
 
-    def _serve(self) -> None:
-        leave_stop_signals_to_the_main_thread()  # request threads inherit the mask
-        self._httpd.serve_forever()
+    def _wait_for_requests(self) -> None:
+        """Accept every connection, and queue each once its request starts to arrive."""
+        leave_stop_signals_to_the_main_thread()
+        waiting: dict[socket.socket, tuple[float, Any]] = {}  # oldest first: (deadline, peer)
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._listener, selectors.EVENT_READ)
+            while not self._stopping.is_set():
+                for key, _ in selector.select(timeout=0.25):
+                    if key.fileobj is self._listener:
+                        with suppress(BlockingIOError, InterruptedError):
+                            conn, peer = self._listener.accept()
+                            if len(waiting) >= MAX_CONNECTIONS:
+                                oldest = next(iter(waiting))
+                                selector.unregister(oldest)
+                                del waiting[oldest]
+                                oldest.close()
+                            selector.register(conn, selectors.EVENT_READ)
+                            waiting[conn] = (time.monotonic() + REQUEST_TIMEOUT_S, peer)
+                        continue
+                    conn = key.fileobj  # type: ignore[assignment]
+                    selector.unregister(conn)
+                    _, peer = waiting.pop(conn)
+                    try:
+                        self._arrived.put_nowait((conn, peer))
+                    except queue.Full:
+                        conn.close()
+                now = time.monotonic()
+                for conn in [c for c, (deadline, _) in waiting.items() if deadline < now]:
+                    selector.unregister(conn)
+                    del waiting[conn]
+                    conn.close()
+        for conn in waiting:
+            conn.close()
+
+    def _answer_requests(self) -> None:
+        leave_stop_signals_to_the_main_thread()
+        while (arrived := self._arrived.get()) is not None:
+            conn, peer = arrived
+            try:
+                conn.setblocking(True)
+                self._handler(conn, peer, self)  # type: ignore[arg-type]  # it reads no server
+            except OSError:
+                pass  # the client went away or was too slow (REQUEST_TIMEOUT_S)
+            finally:
+                with suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
 
     def start(self) -> "OpsServer":
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
         host, port = self.address
         log_event(logger, logging.INFO, "metrics server listening", host=host, port=port,
                   endpoints=["/metrics", "/healthz", "/readyz"])
         return self
 
     def stop(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
-        self._thread.join(timeout=5)
+        self._stopping.set()
+        for _ in range(REQUEST_THREADS):
+            with suppress(queue.Full):
+                self._arrived.put(None, timeout=1)
+        for thread in self._threads:
+            if thread.is_alive():
+                thread.join(timeout=5)
+        self._listener.close()
 
 
 def ops_server_from_env(environ: Mapping[str, str], probes: Probes,

@@ -33,6 +33,11 @@ from outbox import store as outbox_store
 from outbox.models import OutboxMessage, OutboxMessageQuerySet
 
 REQUEUE_PERMISSION = "outbox.requeue_outboxmessage"
+# Whoever lacks it sees the payloads with the documents' number masks redacted.
+NUMBER_MASKS_PERMISSION = "outbox.view_number_masks"
+# The payload keys holding a number mask (the reminder event's contract: documents[].numberMask).
+MASK_KEYS = frozenset({"numberMask"})
+MASK_REDACTED = "(hidden: needs outbox.view_number_masks)"
 ERROR_PREVIEW_CHARS = 60
 CHANGELIST = "admin:outbox_outboxmessage_changelist"
 
@@ -92,6 +97,16 @@ class CorrelationFilter(RunIdFilter):
         return queryset.filter(headers__correlation_id=str(run_id))
 
 
+def masks_redacted(value: Any) -> Any:
+    """`value` (a payload) with every number mask (MASK_KEYS, at any depth) replaced."""
+    if isinstance(value, dict):
+        return {key: MASK_REDACTED if key in MASK_KEYS and item is not None
+                else masks_redacted(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [masks_redacted(item) for item in value]
+    return value
+
+
 def _pretty_json(value: Any) -> SafeString:
     return format_html('<pre class="outbox-json">{}</pre>',
                        json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False))
@@ -103,13 +118,14 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
                     "error_preview", "parked")
     list_filter = (DeliveryStateFilter, CorrelationFilter)
     ordering = ("-created_at",)
+    indexed_fields = ("id", "created_at")
     search_fields = ("=id", "=message_key")
     search_help_text = "Paste a message id or an owner id (the message key), as an exact UUID."
     actions = ("requeue_parked",)
     fields = ("id", "event_type", "contract_version", "topic", "message_key", "aggregate_type",
               "aggregate_id", "created_at", "published_at", "parked_at", "attempts", "last_error",
               "payload_json", "headers_json")
-    readonly_fields = ("published_at", "payload_json", "headers_json")
+    readonly_fields = ("published_at", "payload_json", "payload_redacted_json", "headers_json")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return cast(OutboxMessageQuerySet, super().get_queryset(request)).with_published_time()
@@ -162,6 +178,16 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
     @admin.display(description="payload")
     def payload_json(self, message: OutboxMessage) -> SafeString:
         return _pretty_json(message.payload)
+
+    @admin.display(description="payload (number masks hidden)")
+    def payload_redacted_json(self, message: OutboxMessage) -> SafeString:
+        return _pretty_json(masks_redacted(message.payload))
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # A display has no request: which payload field a user sees is chosen here.
+        if request.user.has_perm(NUMBER_MASKS_PERMISSION):
+            return self.fields
+        return tuple("payload_redacted_json" if f == "payload_json" else f for f in self.fields)
 
     @admin.display(description="headers")
     def headers_json(self, message: OutboxMessage) -> SafeString:

@@ -15,6 +15,7 @@ from core.config import (
     Parser,
     Settings,
     choice_parser,
+    is_local_host,
     parse_duration,
     parse_duration_or_zero,
     parse_flag,
@@ -27,6 +28,9 @@ PROPERTIES_VAR = "KAFKA_PRODUCER_CONFIG"
 ALLOW_UNDURABLE_VAR = "OUTBOX_ALLOW_UNDURABLE_TOPIC"
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+# PLAIN over SASL_PLAINTEXT sends the password as it is: refused unless this names PLAIN, and
+# then only for brokers on loopback addresses (docs/operations.md, "Security").
+PLAIN_CLEARTEXT_ALLOW_VAR = "KAFKA_SASL_PLAINTEXT_ALLOW"
 
 # A librdkafka property value, as KAFKA_PRODUCER_CONFIG may give it.
 Scalar = str | int | float | bool
@@ -180,10 +184,12 @@ def load_security(environ: Mapping[str, str]) -> KafkaSecurity:
     if identify is not None and identify.strip().lower() not in {"https", "none"}:
         raise ConfigError("KAFKA_SSL_ENDPOINT_IDENTIFICATION",
                           f"expected https (verify the broker's host name) or none, got {identify!r}")
+    sasl_mechanism = (_sasl_mechanism("KAFKA_SASL_MECHANISM", mechanism.strip())
+                      if mechanism is not None else None)
+    check_cleartext_password(protocol, sasl_mechanism, environ)
     return KafkaSecurity(
         protocol=protocol,
-        sasl_mechanism=_sasl_mechanism("KAFKA_SASL_MECHANISM", mechanism.strip())
-        if mechanism is not None else None,
+        sasl_mechanism=sasl_mechanism,
         sasl_username=username.strip() if username is not None else None,
         sasl_password=Secret(password) if password is not None else None,
         ssl_ca_location=_readable_file("KAFKA_SSL_CA_LOCATION", ca) if ca is not None else None,
@@ -193,6 +199,27 @@ def load_security(environ: Mapping[str, str]) -> KafkaSecurity:
         ssl_key_password=Secret(key_password) if key_password is not None else None,
         ssl_endpoint_identification=identify is None or identify.strip().lower() == "https",
     )
+
+
+def check_cleartext_password(protocol: str, mechanism: str | None,
+                             environ: Mapping[str, str]) -> None:
+    """PLAIN over SASL_PLAINTEXT is refused, unless KAFKA_SASL_PLAINTEXT_ALLOW=PLAIN and every
+    broker in KAFKA_BOOTSTRAP_SERVERS is on a loopback address."""
+    if protocol != "SASL_PLAINTEXT" or mechanism != "PLAIN":
+        return
+    allowed = environ.get(PLAIN_CLEARTEXT_ALLOW_VAR)
+    if allowed is not None and allowed.strip().upper() != "PLAIN":
+        raise ConfigError(PLAIN_CLEARTEXT_ALLOW_VAR, f"expected PLAIN, got {allowed.strip()!r}")
+    if allowed is None:
+        raise ConfigError("KAFKA_SASL_MECHANISM",
+                          "PLAIN over SASL_PLAINTEXT sends the password as it is: use SASL_SSL or "
+                          f"SCRAM, or set {PLAIN_CLEARTEXT_ALLOW_VAR}=PLAIN for a loopback broker")
+    remote = [server for server in environ.get(BOOTSTRAP_VAR, "").split(",")
+              if server.strip() and not is_local_host(server.strip().rpartition(":")[0])]
+    if remote:
+        raise ConfigError(PLAIN_CLEARTEXT_ALLOW_VAR,
+                          f"allows PLAIN over SASL_PLAINTEXT to loopback brokers only, and "
+                          f"{BOOTSTRAP_VAR} names {len(remote)} other(s)")
 
 
 def parse_properties(name: str, raw: str) -> tuple[tuple[str, Scalar], ...]:

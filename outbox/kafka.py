@@ -50,6 +50,12 @@ GUARDED_PROPERTIES = {
                    f"choose, rest on it (always {PARTITIONER})",
     **{prop: f"set {var} instead" for prop, var in SECURITY_VARIABLES.items()},
 }
+# Every TLS and SASL property besides (ssl.*, sasl.*, enable.ssl.certificate.verification, ...):
+# how the relay proves the broker is the broker, and itself, is the KAFKA_SSL_* and KAFKA_SASL_*
+# variables' alone, and the broker's certificate is always verified.
+GUARDED_PREFIXES = ("ssl.", "ssl_", "sasl.", "sasl_", "enable.ssl.", "enable.sasl.")
+_SECURITY_GUARD = ("TLS and SASL are set by KAFKA_SECURITY_PROTOCOL, KAFKA_SSL_* and KAFKA_SASL_* "
+                   "only, and the broker's certificate is always verified")
 def security_config(security: KafkaSecurity) -> dict[str, Any]:
     """librdkafka's security properties for the settings; a client of any kind needs them."""
     config: dict[str, Any] = {"security.protocol": security.protocol}
@@ -89,6 +95,8 @@ def extra_properties(settings: RelaySettings) -> dict[str, Any]:
         key = name.strip().lower()
         if key in GUARDED_PROPERTIES:
             raise ConfigError(PROPERTIES_VAR, f"may not set {name!r}: {GUARDED_PROPERTIES[key]}")
+        if key.startswith(GUARDED_PREFIXES):
+            raise ConfigError(PROPERTIES_VAR, f"may not set {name!r}: {_SECURITY_GUARD}")
         if key.endswith("_cb") or key in {"logger", "on_delivery"}:
             raise ConfigError(PROPERTIES_VAR, f"may not set {name!r}: a callback, not a property")
     return dict(settings.extra_properties)

@@ -2,6 +2,7 @@
 
 import logging
 import time
+from collections import OrderedDict
 from typing import Any
 
 from outbox.kafka_errors import ERROR_TAIL
@@ -11,11 +12,14 @@ logger = logging.getLogger("outbox.kafka")
 
 class RepeatFilter:
     """Lets a line through once per `window_s` seconds; librdkafka repeats a failing connection's
-    error every reconnect (twice a second), which would flood the log."""
+    error every reconnect (twice a second), which would flood the log. It remembers at most
+    `max_lines` distinct lines, the least recently let through forgotten first (a flood of
+    distinct lines, a broker's address per line say, must not grow the process)."""
 
-    def __init__(self, window_s: float = 60.0) -> None:
+    def __init__(self, window_s: float = 60.0, max_lines: int = 1_000) -> None:
         self.window_s = window_s
-        self._last: dict[str, float] = {}
+        self.max_lines = max_lines
+        self._last: OrderedDict[str, float] = OrderedDict()
 
     def fresh(self, line: str) -> bool:
         key = ERROR_TAIL.sub("", line)
@@ -23,7 +27,13 @@ class RepeatFilter:
         if now - self._last.get(key, -self.window_s) < self.window_s:
             return False
         self._last[key] = now
+        self._last.move_to_end(key)
+        while len(self._last) > self.max_lines:
+            self._last.popitem(last=False)
         return True
+
+    def __len__(self) -> int:
+        return len(self._last)
 
 
 # librdkafka's log facilities whose failures the relay reports itself: a failed connection

@@ -74,8 +74,10 @@ class OutboxMessage(models.Model):
 
     class Meta:
         db_table = "outbox_messages"
-        # The admin's only write on the outbox (outbox/admin.py): parked -> pending again.
-        permissions = [("requeue_outboxmessage", "Can re-queue parked outbox messages")]
+        # The admin's only write on the outbox (outbox/admin.py), and its view of the documents'
+        # number masks in the payloads (redacted without it).
+        permissions = [("requeue_outboxmessage", "Can re-queue parked outbox messages"),
+                       ("view_number_masks", "Can see number masks in outbox payloads")]
         indexes = [
             # The admin's list (newest first) and a run's events (its time window).
             models.Index(fields=["created_at"], name="ix_outbox_messages_created_at"),

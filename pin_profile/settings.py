@@ -8,10 +8,10 @@ tools are not installed here: pin_profile/settings_dev.py adds them.
 """
 
 import re
-import warnings
 from pathlib import Path
 
 from core.config import ConfigError, Environment, choice_parser, parse_flag, parse_non_negative_int
+from core.database_url import check_tls, merged_options, parse_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -72,22 +72,16 @@ TEMPLATES = [
 
 WSGI_APPLICATION = "pin_profile.wsgi.application"
 
-# Every table lives in the PostgreSQL schema `profile`, reached through search_path.
+# Every table lives in the PostgreSQL schema `profile`, reached through search_path; pg_catalog
+# after it, and no `public`, whose objects another role may have planted (docs/operations.md,
+# "Security").
 DB_SCHEMA = "profile"
-DATABASE_URL = env.str("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/pin_profile")
-
-
-# A malformed URL is a configuration error naming DATABASE_URL (exit 2 in manage.py).
-try:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # django-environ warns before we explain
-        _db = env.db_url_config(DATABASE_URL)
-except ValueError as exc:
-    raise ConfigError("DATABASE_URL", str(exc)) from None
-if _db.get("ENGINE") != "django.db.backends.postgresql":
-    raise ConfigError("DATABASE_URL", "must be a postgres:// URL")
-if not _db.get("NAME"):
-    raise ConfigError("DATABASE_URL", "names no database (postgres://user@host:port/NAME)")
+DB_SEARCH_PATH = f"{DB_SCHEMA},pg_catalog"
+# Not a setting (lower case): neither Django's debug pages nor diffsettings show the URL.
+_database_url = env.str("DATABASE_URL", default="postgres://postgres@127.0.0.1:5432/pin_profile")
+# A malformed URL is a configuration error naming DATABASE_URL (exit 2 in manage.py), never
+# quoting it; TLS is required to a remote server (core.database_url).
+_db = parse_database_url(_database_url)
 # Timeouts so that no failure hangs forever (values in milliseconds, PostgreSQL's unit).
 _timeouts = {
     "statement_timeout": env.parsed("DB_STATEMENT_TIMEOUT_MS", parse_non_negative_int, 300_000),
@@ -95,12 +89,14 @@ _timeouts = {
     "idle_in_transaction_session_timeout": env.parsed(
         "DB_IDLE_IN_TRANSACTION_TIMEOUT_MS", parse_non_negative_int, 120_000),
 }
-_db["OPTIONS"] = {
-    "options": f"-c search_path={DB_SCHEMA},public "
+# The URL's own libpq options (sslmode, sslrootcert, ...) are kept: merged over ours.
+_db["OPTIONS"] = merged_options(_db.get("OPTIONS", {}), {
+    "options": f"-c search_path={DB_SEARCH_PATH} "
     + " ".join(f"-c {name}={value}" for name, value in _timeouts.items()),
     "connect_timeout": env.parsed("DB_CONNECT_TIMEOUT_S", parse_non_negative_int, 10),
     "application_name": env.str("DB_APPLICATION_NAME", default="pin-profile-reminders"),
-}
+})
+check_tls(_db, env.ENVIRON)
 _db["CONN_HEALTH_CHECKS"] = True
 # Behind a pooler by transaction (docs/operations.md, "Connection poolers"): nothing may outlive
 # a transaction, so no server-side cursor (the admin's lists, the worker's due owners by pages)
@@ -155,14 +151,21 @@ LOGGING = {
 }
 
 
+HSTS_SECONDS = 365 * 24 * 3600
+# An admin session lasts an hour from its login (Django's default is two weeks), and ends
+# with the browser.
+SESSION_COOKIE_AGE = env.parsed("DJANGO_SESSION_COOKIE_AGE", parse_non_negative_int, 3600)
+SESSION_EXPIRE_AT_BROWSER_CLOSE = True
+
+
 def https_settings(secure: bool) -> tuple[bool, int, bool, bool, bool]:
     """SECURE_SSL_REDIRECT, SECURE_HSTS_SECONDS, SECURE_HSTS_INCLUDE_SUBDOMAINS,
     SECURE_HSTS_PRELOAD and the cookies' secure flag, each from its variable; where unset,
-    all on when `secure` (HSTS for a minute, as cookiecutter-django: raise it once HTTPS is
-    known to work), all off otherwise."""
+    all on when `secure` (HSTS for a year), all off otherwise."""
     return (
         env.parsed("DJANGO_SECURE_SSL_REDIRECT", parse_flag, secure),
-        env.parsed("DJANGO_SECURE_HSTS_SECONDS", parse_non_negative_int, 60 if secure else 0),
+        env.parsed("DJANGO_SECURE_HSTS_SECONDS", parse_non_negative_int,
+                   HSTS_SECONDS if secure else 0),
         env.parsed("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", parse_flag, secure),
         env.parsed("DJANGO_SECURE_HSTS_PRELOAD", parse_flag, secure),
         env.parsed("DJANGO_SECURE_COOKIES", parse_flag, secure),

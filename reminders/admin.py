@@ -11,7 +11,7 @@ from typing import Any, Literal
 from urllib.parse import urlencode
 
 from django.contrib import admin
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -29,6 +29,7 @@ from core.admin import (
     run_events_link,
     short_id,
 )
+from core.config import MAX_COUNT, is_whole_number
 from reminders.events import DOCUMENT_TYPES
 from reminders.models import DocumentExpiryReminder, ReminderRun
 from reminders.overview import configured_thresholds, days_label, overview_context
@@ -36,6 +37,8 @@ from reminders.overview import configured_thresholds, days_label, overview_conte
 DatetimeKind = Literal["year", "month", "week", "day", "hour", "minute", "second"]
 ERROR_PREVIEW_CHARS = 40
 HOST_PREVIEW_CHARS = 16
+# The ledger's type column holds this many characters.
+TYPE_CHARS = DocumentExpiryReminder._meta.get_field("type").max_length or 32
 
 
 def _next_period(start: datetime, kind: str) -> datetime:
@@ -91,8 +94,8 @@ class ThresholdFilter(admin.SimpleListFilter):
         value = self.value()
         if value is None:
             return queryset
-        if not value.lstrip("-").isdigit():
-            return queryset.none()
+        if not is_whole_number(value) or abs(int(value)) > MAX_COUNT:
+            raise BadRequest("threshold_days: expected a whole number of days")
         return queryset.filter(threshold_days=int(value))
 
 
@@ -106,6 +109,8 @@ class DocumentTypeFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
         value = self.value()
+        if value is not None and (len(value) > TYPE_CHARS or "\x00" in value):
+            raise BadRequest(f"type: expected a document type of at most {TYPE_CHARS} characters")
         return queryset if value is None else queryset.filter(type=value)
 
 
@@ -173,6 +178,7 @@ class DocumentExpiryReminderAdmin(ReadOnlyAdmin):
     list_filter = (ThresholdFilter, DocumentTypeFilter, "notified", ("expires_at", ExpiryRangeFilter),
                    RunFilter)
     date_hierarchy = "reminded_at"
+    indexed_fields = ("document_id", "owner_user_id")
     search_fields = ("=document_id", "=owner_user_id")
     search_help_text = "Paste a document id or an owner id (an exact UUID)."
     fields = ("id", "document_id", "owner_user_id", "type", "threshold_days", "expires_at",

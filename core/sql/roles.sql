@@ -20,11 +20,24 @@ end
 $$;
 
 -- Each role finds the schema without the connection's `options` (a pooler such as PgBouncer
--- does not pass them on).
-alter role pin_reminder_worker set search_path = profile, public;
-alter role pin_outbox_relay set search_path = profile, public;
-alter role pin_admin_web set search_path = profile, public;
-alter role pin_reminder_auditor set search_path = profile, public;
+-- does not pass them on). No `public`: a function or operator another role planted there
+-- would run as the role; pg_catalog is named so that it is searched after profile.
+alter role pin_reminder_worker set search_path = profile, pg_catalog;
+alter role pin_outbox_relay set search_path = profile, pg_catalog;
+alter role pin_admin_web set search_path = profile, pg_catalog;
+alter role pin_reminder_auditor set search_path = profile, pg_catalog;
+
+-- Nobody creates in `public` but its owner (PostgreSQL 15's default, not a database created
+-- under 14 or restored from one). Only the schema's owner or a superuser may revoke it.
+do $$
+begin
+    if exists (select from pg_namespace
+               where nspname = 'public'
+                 and pg_has_role(current_user, nspowner, 'USAGE')) then
+        revoke create on schema public from public;
+    end if;
+end
+$$;
 
 -- The reminder worker: reads only the open columns of person_documents (payload_cipher is
 -- unreadable, the table unwritable), owns the ledger and the run history, appends to the outbox.
@@ -99,7 +112,10 @@ grant select (lane, state, txid, seq, created_at) on profile.outbox_message_stat
 -- The admin web process (gunicorn): reads the ledger, the run history and the outbox; of
 -- person_documents only what the overview's backlog census filters on (never payload_cipher,
 -- never a write); updates only the outbox columns that re-queue sets (outbox/sql/queries.sql,
--- requeue_parked); and keeps Django's own users, groups, sessions and admin log.
+-- requeue_parked); keeps Django's sessions and admin log; and of users and groups only what a
+-- login needs: it reads them and their permissions, and stamps last_login (and a password
+-- rehashed when Django's hasher changes). Users and groups are managed with manage.py
+-- admin_users under the owner's role, never through the admin.
 grant usage on schema profile to pin_admin_web;
 grant select on profile.document_expiry_reminders, profile.document_expiry_reminder_runs,
     profile.outbox_messages, profile.outbox_relay_position, profile.outbox_relay_batches,
@@ -109,9 +125,12 @@ grant update (parked_at, attempts, available_at) on profile.outbox_messages
     to pin_admin_web;
 revoke all on profile.person_documents from pin_admin_web;
 grant select (id, status, deleted_at, expires_at) on profile.person_documents to pin_admin_web;
-grant select, insert, update, delete on profile.auth_user, profile.auth_group,
-    profile.auth_user_groups, profile.auth_user_user_permissions, profile.auth_group_permissions,
-    profile.django_session to pin_admin_web;
+revoke all on profile.auth_user, profile.auth_group, profile.auth_user_groups,
+    profile.auth_user_user_permissions, profile.auth_group_permissions from pin_admin_web;
+grant select on profile.auth_user, profile.auth_group, profile.auth_user_groups,
+    profile.auth_user_user_permissions, profile.auth_group_permissions to pin_admin_web;
+grant update (last_login, password) on profile.auth_user to pin_admin_web;
+grant select, insert, update, delete on profile.django_session to pin_admin_web;
 grant select, insert, delete on profile.django_admin_log to pin_admin_web;
 grant select on profile.django_content_type, profile.auth_permission to pin_admin_web;
 

@@ -3,6 +3,7 @@ full cycle succeeds under it; a full run, at DEBUG, logs no number mask, payload
 (not even in the error of a failing owner); and the relay shows neither its SASL password nor
 its key password (not in --help, an error, or librdkafka's debug output)."""
 
+import socket
 import uuid
 from pathlib import Path
 
@@ -163,3 +164,32 @@ def test_the_relay_never_shows_the_sasl_password_or_the_key_password(
     chaos_report.record("log audit (relay: SASL password, key password)", runs=len(runs),
                         log_lines=len(everything.splitlines()),
                         librdkafka_debug_lines=len(librdkafka_lines), leaks=leaks)
+
+
+@pytest.mark.parametrize("environ", [
+    {"KAFKA_SECURITY_PROTOCOL": "SSL",
+     "KAFKA_PRODUCER_CONFIG": '{"enable.ssl.certificate.verification": "false"}'},
+    {"KAFKA_SECURITY_PROTOCOL": "SSL", "KAFKA_PRODUCER_CONFIG": '{"ssl.ca.pem": "---"}'},
+    {"KAFKA_SECURITY_PROTOCOL": "SSL",
+     "KAFKA_PRODUCER_CONFIG": '{"ssl.keystore.location": "/tmp/k.p12"}'},
+    {"KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+     "KAFKA_SASL_USERNAME": "u", "KAFKA_SASL_PASSWORD": "p",
+     "KAFKA_PRODUCER_CONFIG": '{"sasl.oauthbearer.method": "oidc"}'},
+    {"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_MECHANISM": "PLAIN",
+     "KAFKA_SASL_USERNAME": "u", "KAFKA_SASL_PASSWORD": "p"},
+], ids=["verification-off", "ssl.ca.pem", "ssl.keystore", "sasl.oauthbearer", "plain-cleartext"])
+def test_kafka_s_tls_cannot_be_switched_off_exit_2_before_any_connection(
+    transactional_db: None, environ: dict[str, str],
+) -> None:
+    """A would-be broker listening where the relay is pointed: it never sees a connection."""
+    with socket.socket() as broker:
+        broker.bind(("127.0.0.1", 0))
+        broker.listen(8)
+        broker.setblocking(False)
+        done = run_relay(relay_env(f"127.0.0.1:{broker.getsockname()[1]}", **environ))
+        with pytest.raises(BlockingIOError):
+            broker.accept()
+    assert done.returncode == 2, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert "KAFKA_PRODUCER_CONFIG" in last or "KAFKA_SASL_MECHANISM" in last, last
+    assert outbox_state() == []

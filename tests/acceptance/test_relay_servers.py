@@ -109,6 +109,8 @@ def test_a_relay_on_a_hot_standby_sends_nothing_and_leads_once_it_is_promoted(
             primary.stop()
             standby.run("pg_ctl", "-D", str(standby.data), "-w", "promote")
             wait_for(lambda: unpublished(standby) == 0, timeout=60, what="the promoted relay")
+            # Readiness is answered from a verdict at most a second old (core.ops_server).
+            wait_for(lambda: get(f"{base}/readyz")[0] == 200, timeout=5, what="readiness")
             ready = get(f"{base}/readyz")
         finally:
             relay.send_signal(signal.SIGTERM)

@@ -1,9 +1,8 @@
 """The admin web process's database role (`pin_admin_web`, core/sql/roles.sql): it does
-what the admin does (the overview's queries, re-queue, Django's users and sessions) and is
+what the admin does (the overview's queries, re-queue, a login's reads and Django's sessions) and is
 refused everything else, the encrypted payload and any write to the documents first of all.
 tests/ops/test_admin_production.py runs the whole admin under gunicorn as this role."""
 
-import uuid
 from datetime import UTC, datetime
 
 import psycopg
@@ -70,6 +69,17 @@ FORBIDDEN = [
     "create table profile.admin_scratch (id int)",
     "drop table profile.django_session",
     "alter table profile.auth_user add column scratch int",
+    # Users and groups are managed with a command under the owner's role: a login only reads
+    # them and stamps last_login.
+    "insert into profile.auth_user (password, is_superuser, username, first_name, last_name,"
+    " email, is_staff, is_active, date_joined) values ('x', true, 'intruder', '', '', '', true,"
+    " true, now())",
+    "update profile.auth_user set is_superuser = true",
+    "delete from profile.auth_user",
+    "insert into profile.auth_group (name) values ('intruders')",
+    "insert into profile.auth_user_groups (user_id, group_id) values (1, 1)",
+    "delete from profile.auth_group_permissions",
+    "insert into profile.auth_user_user_permissions (user_id, permission_id) values (1, 1)",
 ]
 
 
@@ -113,7 +123,9 @@ def test_admin_role_does_what_the_admin_does(documents: Documents) -> None:
         session.create()
         user.last_login = timezone.now()
         user.save(update_fields=["last_login"])
-        User.objects.create_user(f"new-{uuid.uuid4().hex[:8]}").delete()
+        user.set_password("rehashed when Django's hasher changes")
+        user.save(update_fields=["password"])
+        assert user.has_perm("outbox.view_outboxmessage") is False
 
     parked.refresh_from_db()
     assert parked.parked_at is None and parked.attempts == 0

@@ -3,17 +3,19 @@ documents for one owner, owners with nothing but archived or deleted documents. 
 the rules: never a crash, never a lost or doubled reminder, events within a sane size."""
 
 import json
+import subprocess
 import uuid
 from datetime import UTC, datetime, time, timedelta, timezone
 from typing import Any
 
 from django.db import connection
 
+from core.roles import RELAY_ROLE, WORKER_ROLE
 from devtools.demo_data import PersonDocument
 from reminders.config import DEFAULT_THRESHOLDS
 from reminders.events import MAX_DOCUMENTS_PER_EVENT
 from reminders.models import ReminderRun
-from tests.conftest import CycleRunner
+from tests.conftest import CycleRunner, command_env, manage_py
 from tests.support import chaos_report
 from tests.support.factories import Documents, insert_documents
 from tests.support.invariants import check_invariants, documents_md5, snapshot, tally
@@ -132,3 +134,23 @@ def test_an_owner_with_thousands_of_due_documents_gets_capped_events_until_all_a
         cap=MAX_DOCUMENTS_PER_EVENT, event_items_and_bytes_per_day=sizes,
         reminders=sum(len(v) for v in model.events.values()), **tally(snapshot(), model))
 
+
+
+def test_a_document_type_with_a_newline_and_an_escape_stays_on_its_line_in_logs_and_reports(
+    documents: Documents,
+) -> None:
+    forged = "Visa\n03:00:00 ERROR x\x1b[2J\x1b[31m"  # the column holds 32 characters
+    documents(expires_at=day(3), type=forged)
+    worker = subprocess.run([*manage_py(), "run_expiry_reminders", "--as-of", AS_OF.isoformat()],
+                            env={**command_env(WORKER_ROLE), "LOG_FORMAT": "text"},
+                            capture_output=True, text=True, timeout=60, check=False)
+    shown = subprocess.run([*manage_py(), "show_outbox"], env=command_env(RELAY_ROLE),
+                           capture_output=True, text=True, timeout=60, check=False)
+
+    assert worker.returncode == 0, worker.stderr
+    assert shown.returncode == 0, shown.stderr
+    escaped = "Visa\\n03:00:00 ERROR x\\x1b[2J"
+    assert escaped in worker.stderr and escaped in shown.stdout
+    for output in (shown.stdout, worker.stderr):
+        assert "\x1b" not in output
+        assert not any(line.startswith("03:00:00 ERROR x") for line in output.splitlines())

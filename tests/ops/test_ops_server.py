@@ -6,6 +6,7 @@ import queue
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -14,19 +15,21 @@ import urllib.parse
 import urllib.request
 from collections import Counter as Tally
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psycopg
 import pytest
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.health import Verdict
-from core.ops_server import OpsServer, Probes
+from core.ops_server import REQUEST_TIMEOUT_S, OpsServer, Probes, RecentVerdict
 from reminders.config import DEFAULT_THRESHOLDS
-from tests.conftest import command_env, manage_py
+from tests.conftest import command_env, manage_py, test_database_url
 from tests.support.factories import Documents
 from tests.support.ledger import expiring_in, real_today, run_as_ofs
 from tests.support.reference import ReferenceLedger, documents_from_database
@@ -64,7 +67,7 @@ def test_server_answers_metrics_health_and_readiness() -> None:
     server = OpsServer("127.0.0.1", 0, Probes(
         liveness=lambda: Verdict(False, "stuck: test"),
         readiness=lambda: Verdict(ready[0], "ok" if ready[0] else "database unavailable"),
-    ), registry).start()
+    ), registry, readiness_max_age_s=0).start()
     base = f"http://127.0.0.1:{server.address[1]}"
     try:
         status, text = get(f"{base}/metrics")
@@ -76,6 +79,88 @@ def test_server_answers_metrics_health_and_readiness() -> None:
         assert get(f"{base}/nothing")[0] == 404
     finally:
         server.stop()
+
+
+def test_idle_connections_do_not_stop_the_server_answering() -> None:
+    """200 connections that never send a byte (and one that sends half a request): /healthz
+    still answers at once, and the idle ones are closed after the request timeout."""
+    server = OpsServer("127.0.0.1", 0, Probes(liveness=lambda: Verdict(True, "ok"),
+                                              readiness=lambda: Verdict(True, "ok"))).start()
+    port = server.address[1]
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(200):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        idle[0].sendall(b"GET /healthz HTTP/1.1\r\n")  # and never the rest
+        started = time.monotonic()
+        for _ in range(20):
+            assert get(f"http://127.0.0.1:{port}/healthz") == (200, "ok\n")
+        assert time.monotonic() - started < 5
+        # Past the request timeout the server has closed them: a read sees the end.
+        idle[1].settimeout(REQUEST_TIMEOUT_S + 5)
+        assert idle[1].recv(1) == b""
+    finally:
+        for conn in idle:
+            conn.close()
+        server.stop()
+
+
+def test_readiness_is_checked_once_a_second_and_a_slow_check_holds_one_caller() -> None:
+    now, calls, release = [0.0], [], threading.Event()
+
+    def probe() -> Verdict:
+        calls.append(now[0])
+        if len(calls) == 2:
+            release.wait(timeout=10)  # the database is slow this time
+        return Verdict(len(calls) == 1, f"check {len(calls)}")
+
+    ready = RecentVerdict(probe, max_age_s=1.0, clock=lambda: now[0])
+    assert [ready() for _ in range(100)] == [Verdict(True, "check 1")] * 100
+    now[0] = 1.5
+    slow = threading.Thread(target=ready)
+    slow.start()
+    wait_for("the slow check", lambda: len(calls) == 2)
+    assert ready() == Verdict(True, "check 1")  # the last verdict, not a wait
+    release.set()
+    slow.join(timeout=10)
+    assert ready() == Verdict(False, "check 2") and len(calls) == 2
+
+
+READINESS_APP = "pin-ops-readiness-burst"
+
+
+def _readiness_backends(seen: set[int], stop: threading.Event) -> None:
+    with psycopg.connect(test_database_url(), autocommit=True) as watcher:
+        while not stop.is_set():
+            seen.update(pid for (pid,) in watcher.execute(
+                "select pid from pg_stat_activity where application_name = %s",
+                [READINESS_APP]).fetchall())
+            time.sleep(0.005)
+
+
+def test_a_burst_of_readiness_checks_opens_a_handful_of_database_connections(
+    transactional_db: None,
+) -> None:
+    """500 /readyz from 50 clients at once, against a worker's server with the real readiness
+    check: the database sees a few backends of the worker's name, not hundreds."""
+    with worker_loop(DB_APPLICATION_NAME=READINESS_APP) as worker:
+        port = worker.wait_event("metrics server listening")["port"]
+        worker.wait_event("cycle completed")
+        seen: set[int] = set()
+        stop = threading.Event()
+        watcher = threading.Thread(target=_readiness_backends, args=(seen, stop), daemon=True)
+        watcher.start()
+        time.sleep(0.2)
+        before = set(seen)
+        with ThreadPoolExecutor(50) as clients:
+            answers = list(clients.map(lambda _: get(f"http://127.0.0.1:{port}/readyz"),
+                                       range(500)))
+        time.sleep(0.2)
+        stop.set()
+        watcher.join(timeout=10)
+
+    assert Tally(answers) == {(200, "ok\n"): 500}
+    assert len(seen - before) <= 5, f"{len(seen - before)} backends for 500 readiness checks"
 
 
 @dataclass

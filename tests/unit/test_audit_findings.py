@@ -47,3 +47,18 @@ def test_a_noted_code_is_listed_but_fails_nothing() -> None:
     assert "    already_queued: 1 (noted): " in render_text(report)
     assert [c.code for c in findings.codes_of("ledger_outbox", informational=False)] == [
         "marker_without_event", "event_without_marker", "notified_twice"]
+
+
+def test_the_text_report_shows_values_from_outside_on_one_line_each() -> None:
+    forged = "Passport\n[clean] forged check\x1b[2J"
+    check = CheckResult.of("ledger_outbox", "ledger and outbox agree", {"runs": 1}, [
+        Finding.listed(findings.ALREADY_QUEUED, [{"run": "r2", "type": forged}], 20),
+    ], note=f"topic {forged} examined")
+    report = AuditReport(as_of=NOW, since=NOW - timedelta(days=7), database_now=NOW,
+                         checks=[check], notes=[forged])
+
+    text = render_text(report)
+
+    assert "\x1b" not in text
+    assert not any(line.startswith("[clean] forged") for line in text.splitlines())
+    assert text.count("Passport\\n[clean] forged check\\x1b[2J") == 3

@@ -19,6 +19,7 @@ from core.logs import (
     flush_queued_handlers,
     lines_written_through,
     log_events,
+    printable,
 )
 
 
@@ -227,3 +228,33 @@ def test_below_the_level_no_record_is_made() -> None:
     log_events(logger, logging.INFO, "reminder queued", Rows(("a",), [(1,)]))
 
     assert records == []
+
+
+# A document type as an attacker would write it: a forged line, a screen clear, a colour.
+FORGED_TYPE = "Passport\n03:00:00 ERROR   forged line\x1b[2J\x1b[31m\u202e"
+
+
+def test_a_text_line_escapes_the_control_characters_of_every_value() -> None:
+    record = logging.LogRecord("reminders", logging.INFO, __file__, 1,
+                               "reminder queued for %s", (FORGED_TYPE,), None)
+    record.fields = {"type": FORGED_TYPE, FORGED_TYPE: 1, "documents": [FORGED_TYPE]}
+    try:
+        raise ValueError(FORGED_TYPE)
+    except ValueError:
+        record.exc_info = sys.exc_info()
+
+    text = StructuredFormatter("text").format(record)
+
+    assert "\x1b" not in text and "\u202e" not in text
+    first, *traceback = text.splitlines()
+    assert "forged line" in first and "type=Passport\\n03:00:00 ERROR   forged line\\x1b[2J" in first
+    assert traceback[0].startswith("  Traceback") and all(line.startswith("  ") for line in traceback)
+    assert not any(line.startswith("03:00:00") for line in text.splitlines())
+    assert printable("Visa") == "Visa" and printable("Visum ü é") == "Visum ü é"
+
+
+def test_a_json_line_carries_the_value_escaped_and_reads_back_whole() -> None:
+    record = _records(Rows(("type",), [(FORGED_TYPE,)]), run_id="r")
+    line = StructuredFormatter("json").format(record)
+    assert "\n" not in line and "\x1b" not in line
+    assert json.loads(line)["type"] == FORGED_TYPE

@@ -6,7 +6,9 @@ from datetime import timedelta
 import pytest
 
 from core.config import ConfigError
+from outbox import kafka
 from outbox.config import RelaySettings, load_relay_settings
+from outbox.kafka_log import RepeatFilter
 
 
 @pytest.mark.parametrize(
@@ -89,3 +91,57 @@ def test_the_outage_and_statistics_intervals_are_read() -> None:
 def test_the_batch_sizes_an_operator_sets(environ: dict[str, str], sizes: tuple[int, int]) -> None:
     settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": "k1:9092", **environ})
     assert (settings.batch_size, settings.batch_size_min) == sizes
+
+
+@pytest.mark.parametrize("prop", [
+    "enable.ssl.certificate.verification", "ssl.ca.pem", "ssl.ca.certificate.stores",
+    "ssl.keystore.location", "ssl.keystore.password", "ssl.cipher.suites", "ssl_key",
+    "sasl.oauthbearer.config", "sasl.kerberos.service.name", "SSL.CA.Location",
+    "enable.sasl.oauthbearer.unsecure.jwt",
+])
+def test_no_tls_or_sasl_property_may_be_set_by_the_extra_properties(prop: str) -> None:
+    settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
+                                    "KAFKA_PRODUCER_CONFIG": f'{{"{prop}": "false"}}'})
+    with pytest.raises(ConfigError) as raised:
+        kafka.producer_config(settings, "relay-x")
+    assert raised.value.name == "KAFKA_PRODUCER_CONFIG" and repr(prop) in str(raised.value)
+
+
+PLAIN_CLEARTEXT = {"KAFKA_SECURITY_PROTOCOL": "SASL_PLAINTEXT", "KAFKA_SASL_MECHANISM": "plain",
+                   "KAFKA_SASL_USERNAME": "u", "KAFKA_SASL_PASSWORD": "p"}
+
+
+@pytest.mark.parametrize(("bootstrap", "allow", "variable"), [
+    ("127.0.0.1:9092", None, "KAFKA_SASL_MECHANISM"),
+    ("kafka.example.com:9092", None, "KAFKA_SASL_MECHANISM"),
+    ("kafka.example.com:9092", "PLAIN", "KAFKA_SASL_PLAINTEXT_ALLOW"),
+    ("localhost:9092,10.0.0.5:9092", "PLAIN", "KAFKA_SASL_PLAINTEXT_ALLOW"),
+    ("127.0.0.1:9092", "yes", "KAFKA_SASL_PLAINTEXT_ALLOW"),
+])
+def test_plain_over_sasl_plaintext_is_refused_unless_named_for_a_loopback_broker(
+    bootstrap: str, allow: str | None, variable: str,
+) -> None:
+    environ = {**PLAIN_CLEARTEXT, "KAFKA_BOOTSTRAP_SERVERS": bootstrap}
+    if allow is not None:
+        environ["KAFKA_SASL_PLAINTEXT_ALLOW"] = allow
+    with pytest.raises(ConfigError) as raised:
+        load_relay_settings(environ)
+    assert raised.value.name == variable
+    assert "p" not in str(raised.value).split(": ", 1)[0]
+
+
+def test_plain_over_sasl_plaintext_is_taken_for_a_loopback_broker_when_named() -> None:
+    settings = load_relay_settings({**PLAIN_CLEARTEXT, "KAFKA_SASL_PLAINTEXT_ALLOW": "PLAIN",
+                                    "KAFKA_BOOTSTRAP_SERVERS": "localhost:9092,[::1]:9093"})
+    assert settings.security.sasl_mechanism == "PLAIN"
+    scram = load_relay_settings({**PLAIN_CLEARTEXT, "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+                                 "KAFKA_BOOTSTRAP_SERVERS": "kafka.example.com:9092"})
+    assert scram.security.sasl_mechanism == "SCRAM-SHA-512"
+
+
+def test_the_repeat_filter_remembers_a_bounded_number_of_lines() -> None:
+    repeats = RepeatFilter(window_s=60, max_lines=100)
+    assert all(repeats.fresh(f"connection to broker-{n}:9092 failed") for n in range(10_000))
+    assert len(repeats) == 100
+    assert not repeats.fresh("connection to broker-9999:9092 failed")  # recent: still a repeat
+    assert repeats.fresh("connection to broker-0:9092 failed")  # forgotten long ago

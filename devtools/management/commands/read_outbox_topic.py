@@ -5,6 +5,7 @@ from argparse import ArgumentParser
 from typing import Any
 
 from core.commands import ProjectCommand
+from core.logs import printable
 from devtools.topic import read_topic
 from outbox.config import load_relay_settings
 from outbox.kafka import security_config
@@ -27,7 +28,7 @@ class Command(ProjectCommand):
         settings = load_relay_settings(os.environ)
         records = read_topic(settings.bootstrap_servers, options["topic"],
                              security=security_config(settings.security))
-        self.stdout.write(f"topic {options['topic']}: {len(records)} event(s) consumed")
+        self.stdout.write(printable(f"topic {options['topic']}: {len(records)} event(s) consumed"))
         for record in records[: options["limit"]]:
             body = record.json()
             described = ", ".join(
@@ -35,5 +36,7 @@ class Command(ProjectCommand):
                 f"{d['daysLeft']} left)"
                 for d in body.get("documents", [])
             )
-            self.stdout.write(f"  owner {record.key} [p{record.partition}@{record.offset}, "
-                              f"message {record.message_id[:8]}]: {described}")
+            # Every value is the topic's: shown with its control characters escaped.
+            self.stdout.write(printable(f"  owner {record.key} [p{record.partition}@"
+                                        f"{record.offset}, message {record.message_id[:8]}]: "
+                                        f"{described}"))

@@ -4,6 +4,7 @@ from argparse import ArgumentParser
 from typing import Any
 
 from core.commands import ProjectCommand
+from core.logs import printable
 from outbox import store
 from outbox.models import OutboxMessage
 
@@ -27,4 +28,5 @@ class Command(ProjectCommand):
                 f"{d['daysLeft']} left)"
                 for d in documents
             )
-            self.stdout.write(f"  owner {message.message_key}: {described}")
+            # Every value is the documents' or a writer's: shown with its control characters escaped.
+            self.stdout.write(printable(f"  owner {message.message_key}: {described}"))
