@@ -149,10 +149,12 @@ def test_outbox_gauges_as_the_worker_role(documents: Documents) -> None:
     assert 90 <= values[outbox_metrics.OLDEST_AGE] < 600
 
 
-def test_the_worker_role_still_cannot_read_outbox_payloads(transactional_db: None) -> None:
+def test_the_worker_role_still_cannot_read_outbox_headers(transactional_db: None) -> None:
+    """The metrics read the bookkeeping timestamps and the claim an id's stored body
+    (docs/design.md §5); the headers stay the relay's."""
     with as_worker(), pytest.raises(Exception, match="permission denied"), \
             connection.cursor() as cursor:
-        cursor.execute("select payload from outbox_messages")
+        cursor.execute("select headers from outbox_messages")
 
 
 def test_relay_counters_add_up() -> None:
