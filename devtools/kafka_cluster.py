@@ -113,8 +113,12 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(secrets.token_bytes(16)).decode().rstrip("=")
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding, never starting with
+    '-' (a command line would take it for an option; Kafka's own random ids avoid it too)."""
+    while True:
+        candidate = base64.urlsafe_b64encode(secrets.token_bytes(16)).decode().rstrip("=")
+        if not candidate.startswith("-"):
+            return candidate
 
 
 @dataclass
@@ -243,7 +247,7 @@ class KafkaCluster:
             (node_dir / "server.properties").write_text(node.properties(cluster))
             formats.append(subprocess.Popen(
                 [java, *HEAP, "-cp", path, f"-Dlog4j2.configurationFile={LOG4J}",
-                 "kafka.tools.StorageTool", "format", "--cluster-id", cluster.cluster_id,
+                 "kafka.tools.StorageTool", "format", f"--cluster-id={cluster.cluster_id}",
                  "--config", str(node_dir / "server.properties"), *scram],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         for node, process in zip(nodes, formats, strict=True):
