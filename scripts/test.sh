@@ -25,8 +25,11 @@ cd "$(dirname "$0")/.."
 source scripts/test-env.sh
 
 kafka_dir=""
+kafka_pid=""
 kafka_stop() {
     if [ -n "$kafka_dir" ]; then
+        # a start still under way (a linter failed first) finishes before its nodes are stopped
+        if [ -n "$kafka_pid" ]; then wait "$kafka_pid" 2>/dev/null || true; fi
         "$PY" -m devtools.kafka_cluster stop --dir "$kafka_dir/cluster" 2>/dev/null || true
         rm -rf "$kafka_dir"
         kafka_dir=""
