@@ -22,7 +22,7 @@ from outbox.leadership import Leadership
 from outbox.outage import Emit
 from outbox.producer import Batch, RelayProducer
 from outbox.reader import StreamReader
-from outbox.reports import sort_reports
+from outbox.reports import Reports, sort_reports
 from outbox.retries import Retries
 from outbox.store import Position, Read, ReadMessage
 from outbox.tally import BatchOutcome, Tally
@@ -35,17 +35,17 @@ STREAM_BATCHES_PER_CALL = 20
 
 def cut(read: list[ReadMessage], busy: Iterable[str],
         held: frozenset[str] | set[str] = frozenset(), *,
-        probe: bool = False) -> list[ReadMessage]:
+        probe: frozenset[str] | set[str] = frozenset()) -> list[ReadMessage]:
     """The batch in `read`: up to the first row whose key is `busy` (in flight) or already in
     the batch, so that order per key holds whatever the broker does with each. A row of a
     `held` key (detoured since the read began) is held, as the read says of a key the slow lane
-    holds. A `probe` batch (after one that delivered nothing) goes on past a key it already has:
-    that key's later rows are held (detoured behind its head, whatever becomes of the head), so
-    that the batch carries other partitions' rows and the cluster's answer tells a partition's
-    outage from the broker's."""
+    holds. A probe batch (after one that delivered nothing; `probe`: the keys that got no
+    answer) goes on past those keys: their later rows are held (detoured behind their head,
+    whatever becomes of it), so that the batch carries other keys' rows, and the cluster's
+    answer tells a partition's outage from the broker's."""
     keys = set(busy)
     if probe:
-        return _probe_cut(read, keys, held)
+        return _probe_cut(read, keys, held, probe)
     for index, message in enumerate(read):
         if message.key in keys:
             read = read[:index]
@@ -56,12 +56,12 @@ def cut(read: list[ReadMessage], busy: Iterable[str],
     return read
 
 
-def _probe_cut(read: list[ReadMessage], busy: set[str],
-               held: frozenset[str] | set[str]) -> list[ReadMessage]:
+def _probe_cut(read: list[ReadMessage], busy: set[str], held: frozenset[str] | set[str],
+               probe: frozenset[str] | set[str]) -> list[ReadMessage]:
     batch: list[ReadMessage] = []
     keys: set[str] = set()
     for message in read:
-        if message.key in busy:
+        if message.key in busy or (message.key in keys and message.key not in probe):
             break
         repeated = (message.key in keys or message.key in held) and not message.held
         batch.append(message._replace(held=True) if repeated else message)
@@ -110,12 +110,13 @@ class StreamLane:
         self._tally = tally
         self._held = held
         self._stop = stop
-        # The last batch recorded delivered nothing and stopped short: the next run's first
-        # batch is a probe (`cut`).
-        self._probe = False
+        # The keys of the last batch recorded if it delivered nothing and stopped before them:
+        # the next run's first batch is a probe past them (`cut`).
+        self._probe: frozenset[str] = frozenset()
 
     def read(self, after: Position, busy: Iterable[str] = (),
-             held: frozenset[str] | set[str] = frozenset(), *, probe: bool = False) -> Read:
+             held: frozenset[str] | set[str] = frozenset(), *,
+             probe: frozenset[str] | set[str] = frozenset()) -> Read:
         """The next batch after `after` (see `cut`)."""
         read = self._reader.read(after)
         return Read(cut(read.messages, busy, held, probe=probe), read.read_at)
@@ -165,7 +166,7 @@ class StreamLane:
                 return
             busy = set().union(*(b.keys for b in run.in_flight))
             read = self.read(run.after, busy, run.detoured,
-                             probe=self._probe and run.batches == 0)
+                             probe=self._probe if run.batches == 0 else frozenset())
             if not read.messages:
                 # Nothing after `after`, or its first row's key is in flight: read on once a
                 # batch in flight is done (if none is, there is nothing to read).
@@ -199,8 +200,10 @@ class StreamLane:
 
     def _drop_unrecorded(self, batch: Batch) -> None:
         """A batch read past a position that stopped short: wait for its reports all the same
-        (nothing of it is recorded; what was delivered is sent again, at least once)."""
+        (nothing of it is recorded; what was delivered is sent again, at least once, and a row
+        its attempt may have left on the topic goes to the patient producer then)."""
         self._producer.await_batch(batch)
+        self._producer.record_patient(batch, Reports(settled=0), stream=True)
 
     def finish(self, batch: Batch, start: Position,
                detoured_keys: set[str] | None = None) -> BatchOutcome:
@@ -238,7 +241,8 @@ class StreamLane:
                 detoured_keys.update(m.key for m, _error in reports.deferred)
         self._producer.record_patient(batch, reports, stream=True)
         if outcome.published or outcome.released:
-            self._probe = not outcome.published
+            self._probe = (frozenset() if outcome.published
+                           else frozenset(m.key for m in batch.read[recorded:]))
         metrics.observe_delivery_latencies(reports.latencies)
         self._producer.batch_recorded(published=outcome.published, released=outcome.released,
                                       first_unavailable=reports.first_unavailable)
