@@ -220,8 +220,7 @@ class Relay:
                 self.prune()
                 next_prune = time.monotonic() + PRUNE_EVERY_S
             outcome = self.publish_available()
-            if self.leadership.leading and (not self.kafka.outage.failing
-                                            or self.topics.holding_back):
+            if self.leadership.leading:
                 self.topics.look_again_if_due()  # a partition added, a configuration changed
             backoff.succeeded("database")
             if self.stop.is_set():

@@ -142,6 +142,7 @@ class TopicWatch:
         self._durability: dict[str, str] = {}  # the state said for each topic
         self._tried: set[str] = set()  # topics whose metadata a look already waited for
         self._next_look = 0.0
+        self._last_look = 0.0
         # The partitions that cannot take a record now, by topic, with the error a row bound
         # for one records; from the last look that read the topic's metadata (none if it failed).
         self._unready: dict[str, dict[int, KafkaError]] = {}
@@ -174,8 +175,7 @@ class TopicWatch:
 
     @property
     def holding_back(self) -> bool:
-        """Some partition's rows are not sent now: the looks go on even while the producer
-        finds Kafka failing (the rows it keeps back fail its batches, and a look lifts them)."""
+        """Some partition's rows are not sent now (a look lifts them)."""
         return any(self._unready.values()) or any(self._slow.values())
 
     def _look_interval(self) -> float:
@@ -242,14 +242,23 @@ class TopicWatch:
         self._next_look = min(self._next_look, self._clock() + self.look_unready_s)
 
     def look_again_if_due(self) -> None:
-        """Every `look_again_s`: the topics' metadata and configuration again (a partition count
-        that changed is said and recorded; a configuration that no longer keeps what it
-        acknowledges raises UndurableTopicError)."""
-        if not self._admitted or self._clock() < self._next_look:
+        """Every `look_again_s`, and every `look_unready_s` while a partition is kept back or
+        the producer finds Kafka failing: the topics' metadata and configuration again (a
+        partition count that changed is said and recorded; a configuration that no longer keeps
+        what it acknowledges raises UndurableTopicError; the partitions that cannot take a
+        record now are kept back: a topic whose every partition is short of in-sync replicas is
+        kept back whole, and the stream stops instead of waiting out a time-out per batch). A
+        look at a Kafka that does not answer costs RETRY_LOOK_TIMEOUT_S."""
+        now = self._clock()
+        due = self._next_look
+        if self._kafka_failing():
+            due = min(due, self._last_look + self.look_unready_s)
+        if not self._admitted or now < due:
             return
         for topic in sorted(self._admitted):
             self._look(topic, RETRY_LOOK_TIMEOUT_S)
-        self._next_look = self._clock() + self._look_interval()
+        self._last_look = self._clock()
+        self._next_look = self._last_look + self._look_interval()
 
     def _look(self, topic: str, timeout: float) -> bool:
         """Read, record and check `topic`; False if its metadata could not be read."""

@@ -366,11 +366,15 @@ def test_every_partition_short_of_in_sync_replicas_stops_the_stream_without_a_fl
     cluster = own_kafka_cluster
     durable_topic(cluster, config={"min.insync.replicas": "3"})
     r = start(cluster)
+    watch = r.relay.relay.topics
+    watch.look_again_s = 2.0  # 30 s by default: the relay sees the shortage sooner here
     wait_for(lambda: len(r.note_published()) >= 100, timeout=60, what="the relay publishing")
     victim = next(n.id for n in cluster.nodes if n.id != active_controller(cluster))
     cluster.signal_node(victim, signal.SIGKILL)
     wait_for(lambda: all(n < 3 for n in in_sync(cluster).values()), timeout=60,
              what="every partition short of in-sync replicas in the metadata")
+    wait_for(lambda: watch.holding_back, timeout=30,
+             what="the relay's look to see them short (its rows kept back)")
     short_from = r.note_published()
     keep_down(2 * DELIVERY_TIMEOUT.total_seconds())
     during = r.note_published() - short_from
