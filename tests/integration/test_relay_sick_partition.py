@@ -19,6 +19,7 @@ from django.db import connection
 
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
+from outbox.relay import Relay
 from tests.support import chaos_report
 from tests.support.mock_controls import set_broker_rtt, set_partition_leader
 from tests.support.partitioner import keys_on, partition_of
@@ -27,6 +28,7 @@ from tests.support.relay_support import (
     TOPIC,
     RelayThread,
     Row,
+    as_relay,
     first_seen_order,
     insert_outbox,
     relay_settings,
@@ -65,6 +67,12 @@ def others_on_healthy_partitions(count: int) -> list[Row]:
     owners = [k for p in range(1, PARTITIONS)
               for k in keys_on(p, PARTITIONS, count // (PARTITIONS - 1), f"other{p}")]
     return [insert_outbox(k, created_at=BASE_TIME + timedelta(seconds=1)) for k in owners]
+
+
+def owners_on_every_partition(count: int) -> list[str]:
+    """`count` owners of each partition, the partitions in turn."""
+    return [k for group in zip(*(keys_on(p, PARTITIONS, count, "owner") for p in range(PARTITIONS)),
+                               strict=True) for k in group]
 
 
 def by_key(rows: list[Row]) -> dict[str, list[str]]:
@@ -118,8 +126,7 @@ def test_a_slow_leader_costs_the_other_partitions_one_delivery_timeout_and_no_th
 ) -> None:
     sick = partition_0_on_broker_1(kafka)
     # Owners of every partition in turn: each batch of 12 carries two of partition 0's.
-    keys = [k for group in zip(*(keys_on(p, PARTITIONS, 30, "owner") for p in range(PARTITIONS)),
-                               strict=True) for k in group]
+    keys = owners_on_every_partition(30)
     rows = [insert_outbox(k, created_at=BASE_TIME, seq=n) for n in range(2) for k in keys]
     on_0 = {str(r.id) for r in rows if partition_of(r.key, PARTITIONS) == 0}
     elsewhere = {str(r.id) for r in rows} - on_0
@@ -155,3 +162,30 @@ def test_a_slow_leader_costs_the_other_partitions_one_delivery_timeout_and_no_th
     assert set(copies) == on_0 | elsewhere
     assert max(copies.values()) <= 2, copies.most_common(3)
     assert first_seen_order(records) == by_key(rows)
+
+
+def test_rows_of_both_batches_in_flight_when_nothing_answered_go_to_the_patient_producer(
+    transactional_db: None, kafka: MockKafkaCluster
+) -> None:
+    """Every broker down: the first batch stops the position (nothing delivered), the second,
+    in flight behind it, is dropped unrecorded. Both batches' rows may be on the topic (a
+    time-out in the client says nothing of the request), so their next attempt is the patient
+    producer's, whichever batch they were in (the second's were sent again by the relay's own
+    producer: a third copy of five events on the real cluster)."""
+    kafka.create_topic(TOPIC, PARTITIONS, 3)
+    settings = relay_settings(kafka.bootstrap_servers, batch_size=6, batch_size_min=6,
+                              delivery_timeout=timedelta(seconds=1))
+    insert_outbox("before", created_at=BASE_TIME)
+    relay = Relay(settings)
+    try:
+        with as_relay():
+            assert relay.publish_available().published == 1  # the topic looked at, while up
+        kafka.set_down()
+        rows = [insert_outbox(k, created_at=BASE_TIME) for k in owners_on_every_partition(2)]
+        with as_relay():
+            outcome = relay.publish_available()
+        assert outcome.published == 0 and outcome.released == len(rows)
+        assert relay.kafka.patient.possibly_appended == {str(r.id) for r in rows}
+    finally:
+        with as_relay():
+            relay.close()

@@ -442,7 +442,7 @@ def test_a_slow_leader_costs_the_other_partitions_a_few_delivery_timeouts_and_no
     # They flow again while the broker is still stopped, after the time-outs that mark the
     # partitions depending on it (one for the first batches, one more for the batches read
     # meanwhile, and librdkafka's own drain of the requests in flight to it).
-    assert per_timeout[3] > 0, per_timeout
+    assert per_timeout[2] + per_timeout[3] >= 30, per_timeout
     rows = r.finish()
     check_invariant("a slow leader (SIGSTOP 8 s, delivery timeout 2 s)", r, rows,
                     stopped=victim, independent_partitions=sorted(independent),
