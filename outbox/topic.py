@@ -257,11 +257,11 @@ class TopicWatch:
             return
         for topic in sorted(self._admitted):
             self._look(topic, RETRY_LOOK_TIMEOUT_S)
-        self._last_look = self._clock()
-        self._next_look = self._last_look + self._look_interval()
+        self._next_look = self._clock() + self._look_interval()
 
     def _look(self, topic: str, timeout: float) -> bool:
         """Read, record and check `topic`; False if its metadata could not be read."""
+        self._last_look = self._clock()
         try:
             cluster = self._client().list_topics(topic, timeout=timeout)
         except KafkaException:
