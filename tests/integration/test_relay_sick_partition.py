@@ -15,41 +15,28 @@ import time
 from collections import Counter
 from datetime import timedelta
 
-from django.db import connection
-
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from outbox.relay import Relay
 from tests.support import chaos_report
 from tests.support.mock_controls import set_broker_rtt, set_partition_leader
-from tests.support.partitioner import keys_on, partition_of
+from tests.support.partitioner import keys_on, keys_on_every_partition, partition_of
 from tests.support.relay_support import (
     BASE_TIME,
     TOPIC,
     RelayThread,
     Row,
     as_relay,
+    detoured_count,
     first_seen_order,
     insert_outbox,
+    published_ids,
     relay_settings,
     wait_for,
 )
 
 PARTITIONS = 6
 DELIVERY_TIMEOUT = timedelta(seconds=2)
-
-
-def published_ids() -> set[str]:
-    with connection.cursor() as cursor:
-        cursor.execute("select id::text from outbox_messages m"
-                       " where outbox_published_at(m) is not null")
-        return {r[0] for r in cursor.fetchall()}
-
-
-def detoured_count() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("select count(*) from outbox_messages where detoured_at is not null")
-        return int(cursor.fetchone()[0])
 
 
 def partition_0_on_broker_1(kafka: MockKafkaCluster) -> int:
@@ -67,12 +54,6 @@ def others_on_healthy_partitions(count: int) -> list[Row]:
     owners = [k for p in range(1, PARTITIONS)
               for k in keys_on(p, PARTITIONS, count // (PARTITIONS - 1), f"other{p}")]
     return [insert_outbox(k, created_at=BASE_TIME + timedelta(seconds=1)) for k in owners]
-
-
-def owners_on_every_partition(count: int) -> list[str]:
-    """`count` owners of each partition, the partitions in turn."""
-    return [k for group in zip(*(keys_on(p, PARTITIONS, count, "owner") for p in range(PARTITIONS)),
-                               strict=True) for k in group]
 
 
 def by_key(rows: list[Row]) -> dict[str, list[str]]:
@@ -126,7 +107,7 @@ def test_a_slow_leader_costs_the_other_partitions_one_delivery_timeout_and_no_th
 ) -> None:
     sick = partition_0_on_broker_1(kafka)
     # Owners of every partition in turn: each batch of 12 carries two of partition 0's.
-    keys = owners_on_every_partition(30)
+    keys = keys_on_every_partition(PARTITIONS, 30, "owner")
     rows = [insert_outbox(k, created_at=BASE_TIME, seq=n) for n in range(2) for k in keys]
     on_0 = {str(r.id) for r in rows if partition_of(r.key, PARTITIONS) == 0}
     elsewhere = {str(r.id) for r in rows} - on_0
@@ -181,7 +162,8 @@ def test_rows_of_both_batches_in_flight_when_nothing_answered_go_to_the_patient_
         with as_relay():
             assert relay.publish_available().published == 1  # the topic looked at, while up
         kafka.set_down()
-        rows = [insert_outbox(k, created_at=BASE_TIME) for k in owners_on_every_partition(2)]
+        rows = [insert_outbox(k, created_at=BASE_TIME)
+                for k in keys_on_every_partition(PARTITIONS, 2, "owner")]
         with as_relay():
             outcome = relay.publish_available()
         assert outcome.published == 0 and outcome.released == len(rows)

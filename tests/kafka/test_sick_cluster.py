@@ -44,16 +44,19 @@ from outbox import metrics
 from tests.support import chaos_report
 from tests.support.chaos_proxy import Proxy
 from tests.support.db_roles import as_role
-from tests.support.kafka_support import create_topic
-from tests.support.partitioner import keys_on, partition_of
+from tests.support.kafka_support import DURABLE_TOPIC, create_topic
+from tests.support.partitioner import keys_on, keys_on_every_partition, partition_of
 from tests.support.relay_support import (
     BASE_TIME,
     TOPIC,
     RelayThread,
     Row,
+    detoured_count,
     first_seen_order,
     insert_outbox,
+    published_ids,
     relay_settings,
+    unpublished_count,
     wait_for,
 )
 
@@ -145,33 +148,6 @@ class Writer(threading.Thread):
         return self.rows
 
 
-def owners(count_per_partition: int, prefix: str = "owner",
-           partitions: int = PARTITIONS) -> list[str]:
-    """Owners of every partition in turn."""
-    groups = [keys_on(p, partitions, count_per_partition, prefix) for p in range(partitions)]
-    return [k for group in zip(*groups, strict=True) for k in group]
-
-
-def published_ids() -> set[str]:
-    with connection.cursor() as cursor:
-        cursor.execute("select id::text from outbox_messages m"
-                       " where outbox_published_at(m) is not null")
-        return {r[0] for r in cursor.fetchall()}
-
-
-def detoured() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("select count(*) from outbox_messages where detoured_at is not null")
-        return int(cursor.fetchone()[0])
-
-
-def unpublished() -> int:
-    with connection.cursor() as cursor:
-        cursor.execute("select count(*) from outbox_messages m"
-                       " where outbox_published_at(m) is null")
-        return int(cursor.fetchone()[0])
-
-
 def parked() -> int:
     with connection.cursor() as cursor:
         cursor.execute("select count(*) from outbox_messages where parked_at is not null")
@@ -203,7 +179,7 @@ class Run:
     def finish(self, timeout: float = 90.0) -> list[Row]:
         """Stop writing, wait for every row to be published, stop the relay."""
         rows = self.writer.finish()
-        wait_for(lambda: unpublished() == 0, timeout=timeout,
+        wait_for(lambda: unpublished_count() == 0, timeout=timeout,
                  what="every event published once the cluster is well")
         self.relay.stop_and_join(60)
         return rows
@@ -227,7 +203,8 @@ def run(cluster: KafkaCluster, *, bootstrap: str | None = None, owners_per_parti
         backoff_initial=timedelta(milliseconds=200),
         backoff_max=timedelta(seconds=1), outage_log_interval=timedelta(seconds=2),
         statistics_interval=timedelta(seconds=1), **settings))
-    writer = Writer(owners(owners_per_partition), interval_s)
+    writer = Writer(keys_on_every_partition(PARTITIONS, owners_per_partition, "owner"),
+                    interval_s)
     relay.start()
     writer.start()
     return Run(cluster, relay, writer, chosen)
@@ -270,7 +247,7 @@ def check_invariant(name: str, run_: Run, rows: list[Row], *,
         assert found.get("out_of_order", 0) == 0, found
     chaos_report.shown(f"sick cluster: {name}", events=len(rows),
                        copies=dict(sorted(Counter(copies.values()).items())),
-                       detours=detoured(), **figures)
+                       detours=detoured_count(), **figures)
     return copies
 
 
@@ -329,7 +306,7 @@ def test_a_leader_killed_mid_pass_and_restarted(own_kafka_cluster: KafkaCluster,
     cluster = own_kafka_cluster
     durable_topic(cluster)
     r = start(cluster)
-    wait_for(lambda: len(r.note_published()) >= 100, timeout=60,
+    wait_for(lambda: len(r.note_published()) >= 50, timeout=60,
              what="the relay publishing before the kill")
     victim = leaders(cluster)[0]
     led = {p for p, leader in leaders(cluster).items() if leader == victim}
@@ -346,8 +323,9 @@ def test_a_leader_killed_mid_pass_and_restarted(own_kafka_cluster: KafkaCluster,
              what="events delivered again without the killed broker")
     r.note_published()
     flowing_after_s = time.monotonic() - killed_at
-    cluster.start_node(victim)
+    cluster.start_node(victim, wait=False)  # it rejoins while the backlog drains
     rows = r.finish()
+    cluster.wait_ready(nodes=[victim])
     check_invariant("a partition's leader SIGKILLed mid-pass, restarted", r, rows,
                     killed=victim, leaders_moved_after_s=round(moved_after_s, 1),
                     flowing_again_after_s=round(flowing_after_s, 1),
@@ -368,7 +346,7 @@ def test_every_partition_short_of_in_sync_replicas_stops_the_stream_without_a_fl
     r = start(cluster)
     watch = r.relay.relay.topics
     watch.look_again_s = 2.0  # 30 s by default: the relay sees the shortage sooner here
-    wait_for(lambda: len(r.note_published()) >= 100, timeout=60, what="the relay publishing")
+    wait_for(lambda: len(r.note_published()) >= 50, timeout=60, what="the relay publishing")
     victim = next(n.id for n in cluster.nodes if n.id != active_controller(cluster))
     cluster.signal_node(victim, signal.SIGKILL)
     wait_for(lambda: all(n < 3 for n in in_sync(cluster).values()), timeout=60,
@@ -378,11 +356,11 @@ def test_every_partition_short_of_in_sync_replicas_stops_the_stream_without_a_fl
     short_from = r.note_published()
     keep_down(2 * DELIVERY_TIMEOUT.total_seconds())
     during = r.note_published() - short_from
-    waiting = unpublished()
-    detours_short = detoured()
+    waiting = unpublished_count()
+    detours_short = detoured_count()
     assert detours_short <= 50, f"{detours_short} rows detoured: the slow lane flooded"
     cluster.start_node(victim)
-    wait_for(lambda: unpublished() < 20, timeout=90, what="the backlog drained")
+    wait_for(lambda: unpublished_count() < 20, timeout=90, what="the backlog drained")
 
     # Two of three nodes down: the quorum goes with them, and nothing answers in time.
     down = [n.id for n in cluster.nodes if n.id != victim]
@@ -391,7 +369,7 @@ def test_every_partition_short_of_in_sync_replicas_stops_the_stream_without_a_fl
     quorum_from = r.note_published()
     keep_down(2 * DELIVERY_TIMEOUT.total_seconds())
     during_quorum = r.note_published() - quorum_from
-    detours_quorum = detoured() - detours_short
+    detours_quorum = detoured_count() - detours_short
     assert detours_quorum <= 50, f"{detours_quorum} rows detoured without a quorum"
     for node in down:
         cluster.start_node(node, wait=False)
@@ -407,25 +385,41 @@ def test_every_partition_short_of_in_sync_replicas_stops_the_stream_without_a_fl
 # --- 3. a slow leader ------------------------------------------------------------------------
 
 
-def test_a_slow_leader_costs_the_other_partitions_a_few_delivery_timeouts_and_no_third_copy(
+def placed_topic(cluster: KafkaCluster, assignment: list[list[int]]) -> None:
+    """The topic with each partition's replicas as given (the first one leads), durable; by
+    Kafka's own tool (confluent-kafka's NewTopic refuses a replica assignment here)."""
+    configs = [arg for name, value in DURABLE_TOPIC.items()
+               for arg in ("--config", f"{name}={value}")]
+    done = cluster.java("org.apache.kafka.tools.TopicCommand", "--bootstrap-server",
+                        cluster.bootstrap_servers, "--create", "--topic", TOPIC,
+                        "--replica-assignment",
+                        ",".join(":".join(map(str, replicas)) for replicas in assignment),
+                        *configs)
+    assert done.returncode == 0, done.stderr[-2000:]
+    wanted = {p: replicas[0] for p, replicas in enumerate(assignment)}
+    wait_for(lambda: leaders(cluster) == wanted, timeout=60, what="the placed leaders")
+
+
+def test_a_slow_leader_costs_the_other_partitions_two_delivery_timeouts_and_no_third_copy(
         own_kafka_cluster: KafkaCluster, start: Callable[..., Run]) -> None:
-    """Replication factor 2 (min.insync.replicas 2), so that some partitions do not depend on
-    the stopped broker at all: on three brokers with three replicas every partition waits for
-    it (acks=all), as the first test shows. The broker is stopped for 8 s, four delivery
-    timeouts: it takes requests into its socket and answers them at SIGCONT (or, past the
-    session timeout, is fenced and its partitions move)."""
+    """One broker (not the active controller) stopped for 8 s, four delivery timeouts, with the
+    replicas placed: it leads partitions 0 and 1 and follows 2 and 3, whose leader waits for it
+    (acks=all); 4 and 5 are led and followed by the two others. It takes requests into its
+    socket and answers them at SIGCONT (unless the controller fences it first, after
+    broker.session.timeout.ms: its partitions move then).
+
+    Placed on purpose: a broker holds back every request of a connection behind the one it
+    is answering, and a produce request waits for every partition in it, so a partition whose
+    leader also leads one that waits for the stopped follower waits with it (the relay's rule
+    cannot tell it apart until one of its rows is delivered: docs/outbox-relay.md)."""
     cluster = own_kafka_cluster
     timeout_s = 2.0
-    durable_topic(cluster, replication=2)
-    r = start(cluster, delivery_timeout=timedelta(seconds=timeout_s))
-    wait_for(lambda: len(r.note_published()) >= 100, timeout=60, what="the relay publishing")
-    found = admin(cluster).list_topics(TOPIC, timeout=10).topics[TOPIC].partitions
-    # A leader that is not the active controller: with it stopped, a producer that needs a new
-    # idempotence epoch waits for a new controller too (the controller's test).
     controller = active_controller(cluster)
-    victim = next(p.leader for p in found.values() if p.leader != controller)
-    independent = {p for p, part in found.items() if victim not in part.replicas}
-    assert independent, "every partition has a replica on the stopped broker"
+    victim, a, b = [*sorted({n.id for n in cluster.nodes} - {controller}), controller]
+    placed_topic(cluster, [[victim, a], [victim, a], [a, victim], [a, victim], [b, a], [b, a]])
+    independent = {4, 5}
+    r = start(cluster, delivery_timeout=timedelta(seconds=timeout_s))
+    wait_for(lambda: len(r.note_published()) >= 50, timeout=60, what="the relay publishing")
     before = r.delivered_on(independent)
     seen: list[tuple[float, int]] = []
     cluster.signal_node(victim, signal.SIGSTOP)
@@ -439,10 +433,11 @@ def test_a_slow_leader_costs_the_other_partitions_a_few_delivery_timeouts_and_no
         cluster.signal_node(victim, signal.SIGCONT)
     per_timeout = [max((n for t, n in seen if t < (k + 1) * timeout_s), default=0)
                    - max((n for t, n in seen if t < k * timeout_s), default=0) for k in range(4)]
-    # They flow again while the broker is still stopped, after the time-outs that mark the
-    # partitions depending on it (one for the first batches, one more for the batches read
-    # meanwhile, and librdkafka's own drain of the requests in flight to it).
-    assert per_timeout[2] + per_timeout[3] >= 30, per_timeout
+    # After two time-outs (the batches in flight wait one out; the next carries rows of the
+    # partitions that wait for the stopped broker but have not timed out yet, and waits
+    # another) they flow while the broker is still stopped: the relay keeps the partitions
+    # that did not answer back.
+    assert min(per_timeout[2:]) > 0 and sum(per_timeout[2:]) >= 30, per_timeout
     rows = r.finish()
     check_invariant("a slow leader (SIGSTOP 8 s, delivery timeout 2 s)", r, rows,
                     stopped=victim, independent_partitions=sorted(independent),
@@ -507,7 +502,7 @@ def test_the_active_controller_killed(own_kafka_cluster: KafkaCluster,
     cluster = own_kafka_cluster
     durable_topic(cluster)
     r = start(cluster)
-    wait_for(lambda: len(r.note_published()) >= 100, timeout=60, what="the relay publishing")
+    wait_for(lambda: len(r.note_published()) >= 50, timeout=60, what="the relay publishing")
     controller = active_controller(cluster)
     cluster.signal_node(controller, signal.SIGKILL)
     killed_at = time.monotonic()
@@ -542,7 +537,7 @@ def test_partitions_added_are_said_and_alerted_and_the_relay_goes_on(
         r = start(cluster, owners_per_partition=5,
                   extra_properties=(("topic.metadata.refresh.interval.ms", 1000),))
         r.relay.relay.topics.look_again_s = 2.0
-        wait_for(lambda: len(r.note_published()) >= 100, timeout=60, what="the relay publishing")
+        wait_for(lambda: len(r.note_published()) >= 50, timeout=60, what="the relay publishing")
         added = 9
         admin(cluster).create_partitions([NewPartitions(TOPIC, added)])[TOPIC].result(timeout=60)
         changed_at = time.time()
