@@ -96,9 +96,10 @@ def admin(cluster: KafkaCluster) -> AdminClient:
 
 
 def leaders(cluster: KafkaCluster, topic: str = TOPIC) -> dict[int, int]:
-    """Each partition's leader, as the metadata says now (-1: none)."""
-    found = admin(cluster).list_topics(topic, timeout=10).topics[topic]
-    return {number: p.leader for number, p in found.partitions.items()}
+    """Each partition's leader, as the metadata says now (-1: none; no partition listed while
+    the answering broker does not know the topic yet)."""
+    found = admin(cluster).list_topics(topic, timeout=10).topics.get(topic)
+    return {} if found is None else {number: p.leader for number, p in found.partitions.items()}
 
 
 def in_sync(cluster: KafkaCluster, topic: str = TOPIC) -> dict[int, int]:
@@ -291,6 +292,8 @@ def audit_against_topic(cluster: KafkaCluster) -> dict[str, int]:
 
 def durable_topic(cluster: KafkaCluster, **options: Any) -> None:
     create_topic(cluster, TOPIC, partitions=PARTITIONS, **options)
+    wait_for(lambda: len(leaders(cluster)) == PARTITIONS, timeout=30,
+             what="the topic known to the test's own admin client")
 
 
 def keep_down(seconds: float) -> None:
