@@ -11,7 +11,12 @@ a throwaway CA and the brokers' certificate, the SCRAM users' passwords (mode 06
   super user, so development and the relay's tests need no credentials;
 - SASL_SSL: SCRAM-SHA-512 over Kafka's own TLS, every request checked against the ACLs
   (StandardAuthorizer, nothing allowed without an ACL);
-- CONTROLLER: the KRaft quorum (static voters).
+- CONTROLLER: the KRaft quorum (static voters);
+- ROUTED, only in a cluster created `routed=True` (the fault tests): PLAINTEXT again on a fourth
+  port, advertised as another port (`Node.route`) where a test runs a TCP proxy it can cut
+  (tests/support/chaos_proxy.py). A client bootstrapped on the routes reaches each broker only
+  through its proxy, while the brokers replicate and the tests read over PLAINTEXT: one broker
+  unreachable from that client, and from no one else.
 
 Topics default to what production should have: 6 partitions, replication factor 3,
 `min.insync.replicas=2`, unclean leader election off."""
@@ -128,23 +133,30 @@ class Node:
     sasl_ssl: int
     controller: int
     pid: int | None = None
+    # The ROUTED listener (a `routed` cluster): where the node listens, and the port it
+    # advertises instead, a test's proxy's.
+    routed: int | None = None
+    route: int | None = None
 
     def properties(self, cluster: "KafkaCluster") -> str:
         voters = ",".join(f"{n.id}@127.0.0.1:{n.controller}" for n in cluster.nodes)
         tls = cluster.directory / "tls"
         jaas = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        listeners = (f"PLAINTEXT://127.0.0.1:{self.plaintext},"
+                     f"SASL_SSL://127.0.0.1:{self.sasl_ssl}")
+        advertised, protocols = listeners, "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL"
+        if self.routed is not None:
+            listeners += f",ROUTED://127.0.0.1:{self.routed}"
+            advertised += f",ROUTED://127.0.0.1:{self.route}"
+            protocols += ",ROUTED:PLAINTEXT"
         lines = {
             "process.roles": "broker,controller",
             "node.id": self.id,
             "controller.quorum.voters": voters,
             "controller.listener.names": "CONTROLLER",
-            "listeners": (f"PLAINTEXT://127.0.0.1:{self.plaintext},"
-                          f"SASL_SSL://127.0.0.1:{self.sasl_ssl},"
-                          f"CONTROLLER://127.0.0.1:{self.controller}"),
-            "advertised.listeners": (f"PLAINTEXT://127.0.0.1:{self.plaintext},"
-                                     f"SASL_SSL://127.0.0.1:{self.sasl_ssl}"),
-            "listener.security.protocol.map":
-                "PLAINTEXT:PLAINTEXT,SASL_SSL:SASL_SSL,CONTROLLER:PLAINTEXT",
+            "listeners": f"{listeners},CONTROLLER://127.0.0.1:{self.controller}",
+            "advertised.listeners": advertised,
+            "listener.security.protocol.map": f"{protocols},CONTROLLER:PLAINTEXT",
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": cluster.directory / f"node-{self.id}" / "data",
             # Security: SCRAM over TLS on SASL_SSL, ACLs checked for everyone but the super users.
@@ -202,6 +214,14 @@ class KafkaCluster:
         return ",".join(f"127.0.0.1:{n.sasl_ssl}" for n in self.nodes)
 
     @property
+    def routed_bootstrap_servers(self) -> str:
+        """The routes (a `routed` cluster): a client bootstrapped here reaches each broker
+        through the proxy on its route, once a test runs one there."""
+        if any(n.route is None for n in self.nodes):
+            raise KafkaSetupError(f"{self.directory} was not created routed=True")
+        return ",".join(f"127.0.0.1:{n.route}" for n in self.nodes)
+
+    @property
     def ca_location(self) -> Path:
         return self.directory / "tls" / "ca.pem"
 
@@ -225,16 +245,21 @@ class KafkaCluster:
     # --- making, starting and stopping ---------------------------------------------------------
 
     @classmethod
-    def create(cls, directory: Path) -> "KafkaCluster":
+    def create(cls, directory: Path, *, routed: bool = False) -> "KafkaCluster":
         """A new cluster's files in `directory` (which must not hold one): ports, certificates,
-        users, each node's properties and formatted storage. Nothing is started."""
+        users, each node's properties and formatted storage; with `routed`, the ROUTED
+        listener too (see the module's docstring). Nothing is started."""
         if (directory / "cluster.json").exists():
             raise KafkaSetupError(f"{directory} already holds a cluster: stop it "
                                   f"(scripts/kafka.sh stop --dir {directory}) or choose another")
         java, path = _java(), classpath()
         directory.mkdir(parents=True, exist_ok=True)
-        ports = _free_ports(3 * NODES)
-        nodes = [Node(i + 1, *ports[3 * i:3 * i + 3]) for i in range(NODES)]
+        per_node = 5 if routed else 3
+        ports = _free_ports(per_node * NODES)
+        nodes = [Node(i + 1, *ports[per_node * i:per_node * i + 3]) for i in range(NODES)]
+        if routed:
+            for i, node in enumerate(nodes):
+                node.routed, node.route = ports[per_node * i + 3:per_node * i + 5]
         cluster = cls(directory.resolve(), _cluster_id(), nodes,
                       {user: secrets.token_urlsafe(18) for user in USERS})
         _make_tls(cluster.directory / "tls")

@@ -156,6 +156,16 @@ def new_producer(settings: RelaySettings, client_id: str, on_error: Any = None,
     return Producer(config)
 
 
+def new_patient_producer(settings: RelaySettings, client_id: str, on_error: Any) -> Producer:
+    """The producer of rows whose earlier attempt may already be on the topic (outbox.patient):
+    the relay's producer, but without a message time-out (librdkafka retries each message under
+    its first sequence number until a broker answers, so the broker keeps one copy of it) and
+    with a report for every message (few go this way); no statistics (the relay's producer's)."""
+    return Producer({**producer_config(settings, f"{client_id}-patient"),
+                     "message.timeout.ms": 0, "delivery.report.only.error": False,
+                     "statistics.interval.ms": 0, "error_cb": on_error})
+
+
 def record_headers(headers: Any) -> dict[str, str]:
     """A row's headers (its JSON object) as the producer takes them: every value text (UTF-8 on
     the wire); a value stored as another JSON type is sent as its JSON text."""

@@ -14,6 +14,15 @@ from outbox.redaction import redact
 # librdkafka's variable tail of an error: "(after 31ms in state AUTH_REQ, 2 identical ...)".
 ERROR_TAIL = re.compile(r"\s*\(after [0-9]+ms in state [A-Z_]+[^)]*\)")
 
+# The idempotent producer's state, not the message: a restarted broker forgot the producer (or,
+# Tansu, gave its id to a newer one: PRODUCER_FENCED). The producer is replaced.
+PRODUCER_STATE_CODES = frozenset({
+    KafkaError.UNKNOWN_PRODUCER_ID,
+    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
+    KafkaError.INVALID_PRODUCER_EPOCH,
+    KafkaError.PRODUCER_FENCED,
+})
+
 # The broker (or the way to it) is unavailable: nothing is wrong with the message itself.
 UNAVAILABLE_CODES = frozenset({
     KafkaError._MSG_TIMED_OUT,
@@ -37,10 +46,7 @@ UNAVAILABLE_CODES = frozenset({
     KafkaError.BROKER_NOT_AVAILABLE,
     KafkaError.COORDINATOR_NOT_AVAILABLE,
     KafkaError.KAFKA_STORAGE_ERROR,
-    # The idempotent producer's state, not the message: a restarted broker forgot the producer.
-    KafkaError.UNKNOWN_PRODUCER_ID,
-    KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER,
-    KafkaError.INVALID_PRODUCER_EPOCH,
+    *PRODUCER_STATE_CODES,
 })
 
 # One partition cannot take a message now (no leader, too few in-sync replicas, its leader not
@@ -59,6 +65,11 @@ PARTITION_UNAVAILABLE_CODES = frozenset({
 # The client stopped waiting (the message's delivery timeout ran out): it says nothing of whether
 # the cluster answers. A partition whose leader is gone, and a broker that died, look the same.
 LOCAL_TIMEOUT_CODES = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT})
+
+# The client gave up on a message it may already have sent (its request was in flight): the
+# leader may still append it, or may have appended it and not answered in time.
+POSSIBLY_APPENDED_CODES = frozenset({KafkaError._MSG_TIMED_OUT, KafkaError._TIMED_OUT,
+                                     KafkaError._PURGE_INFLIGHT})
 
 # The message can never go out as it is: too large, no such topic, not authorised, invalid.
 UNDELIVERABLE_CODES = frozenset({
@@ -138,6 +149,12 @@ def partition_unavailable(error: KafkaError) -> bool:
 def local_timeout(error: KafkaError) -> bool:
     """True when `error` is this client giving up on the message, not any broker's answer."""
     return error.code() in LOCAL_TIMEOUT_CODES
+
+
+def possibly_appended(error: KafkaError) -> bool:
+    """True when `error` leaves the message possibly on the topic all the same (librdkafka does
+    not say whether its request had left: a time-out in the client counts as possibly sent)."""
+    return error.code() in POSSIBLY_APPENDED_CODES
 
 
 def describe(error: KafkaError) -> str:

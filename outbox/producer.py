@@ -15,16 +15,25 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outbox import kafka, metrics
 from outbox.config import RelaySettings
-from outbox.kafka_errors import describe, refusal, refused
+from outbox.kafka_errors import (
+    PRODUCER_STATE_CODES,
+    describe,
+    local_timeout,
+    possibly_appended,
+    refusal,
+    refused,
+)
 from outbox.outage import Emit, OutageLog
+from outbox.patient import PatientProducer
 from outbox.redaction import redact
+from outbox.reports import Reports
 from outbox.statistics import parse_statistics
 from outbox.store import Position, Read, ReadMessage
 
@@ -33,6 +42,11 @@ FLUSH_MARGIN_S = 5.0
 FLUSH_SLICE_S = 0.2
 # A metadata request's first wait; then twice as long each time, the callbacks served between.
 METADATA_SLICE_S = 0.5
+# A row still on its way on the patient producer when the rest of its stream batch was
+# delivered: it did not answer while the others did (outbox.patient).
+PENDING = KafkaError(KafkaError._MSG_TIMED_OUT,
+                     "not acknowledged yet: sent again by the patient producer, which waits for "
+                     "the broker's answer")
 
 
 @dataclass(slots=True, eq=False)  # a batch is itself: compared by identity
@@ -56,33 +70,76 @@ class Batch:
     partitions: dict[str, int] = field(default_factory=dict)
     # Keys of rows not sent: the topic's metadata showed their partition unable to take them.
     unsent: set[str] = field(default_factory=set)
+    # Keys of rows whose outcome is the patient producer's (sent there, or already on their way).
+    patient: set[str] = field(default_factory=set)
 
     @property
     def keys(self) -> set[str]:
         return {m.key for m in self.read}
 
 
+class Topics(Protocol):
+    """What the producer asks of the relay's look at its topics (outbox.topic.TopicWatch)."""
+
+    def admit(self, messages: list[ReadMessage]) -> Mapping[str, tuple[int, KafkaError]]:
+        """Before a batch is produced: the rows not to send, by key, with their partition and
+        the error to report for them."""
+        ...
+
+    def partition_failed(self, topic: str, partition: int, error: KafkaError) -> None:
+        """Told each error report."""
+        ...
+
+    def partition_of(self, topic: str, key: str) -> int:
+        """The partition a key goes to (-1: not known)."""
+        ...
+
+    def partition_slow(self, topic: str, partition: int) -> None:
+        """Its rows timed out in the client while the rest of their batch was delivered."""
+        ...
+
+    def answered_in_time(self, topic: str, partition: int) -> None:
+        """A row of it was acknowledged within the delivery timeout."""
+        ...
+
+
+class EveryPartitionAble:
+    """No look at the topics: every row is sent."""
+
+    def admit(self, messages: list[ReadMessage]) -> Mapping[str, tuple[int, KafkaError]]:
+        return {}
+
+    def partition_failed(self, topic: str, partition: int, error: KafkaError) -> None:
+        pass
+
+    def partition_of(self, topic: str, key: str) -> int:
+        return -1
+
+    def partition_slow(self, topic: str, partition: int) -> None:
+        pass
+
+    def answered_in_time(self, topic: str, partition: int) -> None:
+        pass
+
+
 class RelayProducer:
-    """The producer of one relay, and what its callbacks said."""
+    """The producer of one relay, and what its callbacks said; its patient producer for rows
+    whose earlier attempt may already be on the topic (outbox.patient)."""
 
     def __init__(self, settings: RelaySettings, client_id: str, *, emit: Emit,
-                 stop: threading.Event) -> None:
+                 stop: threading.Event, topics: Topics | None = None) -> None:
         self.settings = settings
         self.client_id = client_id
         self._emit = emit
         self._stop = stop
+        self.topics: Topics = topics or EveryPartitionAble()
         self._producer: Producer | None = None
         self._fatal: KafkaError | None = None
         self._refused: KafkaError | None = None  # the first refusal: the relay stops on it
         self._stop_seen_at: float | None = None
         # Batches handed to the current producer and not acknowledged yet, oldest first.
         self._unacked: list[Batch] = []
-        # Called with a batch's rows before they are produced (the relay's TopicWatch.admit):
-        # the rows not to send, by key, with their partition and the error to report for them.
-        self.admit: Callable[[list[ReadMessage]], Mapping[str, tuple[int, KafkaError]]] = (
-            lambda _rows: {})
-        # Told each error report's (topic, partition, error) (TopicWatch.partition_failed).
-        self.partition_failed: Callable[[str, int, KafkaError], None] = lambda *_report: None
+        self.patient = PatientProducer(settings, client_id, emit=emit)
         self.outage = OutageLog(self._log_outage,
                                 interval_s=settings.outage_log_interval.total_seconds())
 
@@ -264,8 +321,10 @@ class RelayProducer:
 
     def produce_batch(self, read: Read, start: Position | None = None) -> Batch:
         """Hand a batch's rows to the producer (a held stream row is not sent, nor a row its
-        partition cannot take now, by the topic's metadata: that one gets its error at once)."""
-        unsendable = self.admit(read.messages)
+        partition cannot take now, by the topic's metadata: that one gets its error at once; a
+        row whose earlier attempt may be on the topic, and the probe of a partition that did
+        not answer in time, go to the patient producer)."""
+        unsendable = self.topics.admit(read.messages)
         producer = self.producer
         deadline = (time.monotonic() + self.settings.delivery_timeout.total_seconds()
                     + FLUSH_MARGIN_S)
@@ -274,18 +333,31 @@ class RelayProducer:
 
         def failed(error: KafkaError | None, record: Any) -> None:
             if error is not None:  # only errors are reported (delivery.report.only.error)
+                if error.code() in PRODUCER_STATE_CODES and not error.fatal():
+                    # A broker that forgot this producer (or gave its id to the patient one,
+                    # Tansu after a restart) fences every message of it: replace it.
+                    self._fatal = self._fatal or error
                 key = record.key().decode()
                 errors[key] = error
                 partition = record.partition()  # None while none was assigned
                 partitions[key] = -1 if partition is None else partition
                 partition_failed(record.topic(), partitions[key], error)
 
-        produce, loads, partition_failed = producer.produce, orjson.loads, self.partition_failed
+        produce, loads = producer.produce, orjson.loads
+        partition_failed = self.topics.partition_failed
+        careful = self.patient.busy  # rows the patient producer has, or must have
         for message in batch.read:
             if message.held:
                 continue
+            if careful and self._sent_patiently(message, batch, unsendable):
+                continue
             if unsendable and message.key in unsendable:
-                partitions[message.key], errors[message.key] = unsendable[message.key]
+                partition, error = unsendable[message.key]
+                if (error.code() == KafkaError._MSG_TIMED_OUT
+                        and not self.patient.probing(message.topic, partition)):
+                    self._send_patiently(message, batch, partition)  # the partition's probe
+                    continue
+                partitions[message.key], errors[message.key] = partition, error
                 batch.unsent.add(message.key)
                 continue
             batch.sent += 1
@@ -300,6 +372,103 @@ class RelayProducer:
         self._emit(logging.DEBUG, "batch produced",
                    {"produced": batch.sent, "lane": "slow" if start is None else "stream"})
         return batch
+
+    def _sent_patiently(self, message: ReadMessage, batch: Batch,
+                        unsendable: Mapping[str, tuple[int, KafkaError]]) -> bool:
+        """A row the patient producer has (its outcome is that producer's), or one whose
+        earlier attempt may be on the topic (sent there, whatever the metadata says)."""
+        patient = self.patient
+        if patient.holds(message.id):
+            batch.patient.add(message.key)
+            return True
+        if message.id not in patient.possibly_appended:
+            return False
+        partition = (unsendable[message.key][0] if message.key in unsendable
+                     else self.topics.partition_of(message.topic, message.key))
+        self._send_patiently(message, batch, partition)
+        return True
+
+    def _send_patiently(self, message: ReadMessage, batch: Batch, partition: int) -> None:
+        self.patient.send(message, partition)
+        batch.patient.add(message.key)
+
+    def await_patient(self, batch: Batch) -> None:
+        """A stream batch's rows on the patient producer: waited for while nothing else of the
+        batch was delivered (they may be all the batch has to say), up to the delivery timeout
+        from the batch's produce; once the rest was delivered, a moment more (a row still on its
+        way then did not answer while the others did). Their outcomes go into the batch's
+        errors (PENDING: still on its way); nothing is taken before the batch is recorded
+        (`record_patient`)."""
+        if not batch.patient:
+            return
+        waiting = {m.id for m in batch.read if m.key in batch.patient and not m.held}
+        patient = self.patient
+        deadline = batch.deadline - FLUSH_MARGIN_S  # the delivery timeout, from the produce
+        while not self._stop.is_set():
+            if all(patient.report(i) is not None for i in waiting):
+                break
+            now = time.monotonic()
+            if batch.acked_at is not None and batch.sent > _failed_sent(batch):
+                deadline = min(deadline, max(now, batch.acked_at) + FLUSH_SLICE_S)
+            if now >= deadline:
+                break
+            patient.serve(min(FLUSH_SLICE_S, deadline - now))
+        for message in batch.read:
+            if message.key in batch.patient and not message.held:
+                report = patient.report(message.id)
+                if report is None:
+                    batch.errors[message.key] = PENDING
+                    batch.partitions[message.key] = self.topics.partition_of(message.topic,
+                                                                             message.key)
+                elif report.error is not None:
+                    batch.errors[message.key] = report.error
+                    batch.partitions[message.key] = report.partition
+
+    def record_patient(self, batch: Batch, reports: Reports, *, stream: bool) -> None:
+        """After a batch was recorded: its patient rows' reports (`_take_patient_reports`); the
+        rows the relay's producer gave up on while they may have been sent are possibly
+        appended from now on (in either lane they go to the patient producer); a partition
+        whose rows timed out in the client while the rest of the batch was delivered is slow
+        (outbox.topic keeps it back)."""
+        patient = self.patient
+        if not (batch.errors or batch.patient or patient.possibly_appended):
+            return
+        if batch.patient:
+            self._take_patient_reports(batch, reports.settled if stream else None)
+        by_key = {m.key: m for m in batch.read} if batch.errors else {}
+        for key, error in batch.errors.items():
+            if key not in batch.unsent and key not in batch.patient and possibly_appended(error):
+                patient.possibly_appended.add(by_key[key].id)
+        if not reports.delivered:
+            return
+        if patient.possibly_appended:
+            patient.possibly_appended.difference_update(m.id for m in reports.delivered)
+        for message, error in reports.deferred:
+            if local_timeout(error) and message.key not in batch.unsent:
+                self.topics.partition_slow(message.topic, batch.partitions.get(message.key, -1))
+
+    def _take_patient_reports(self, batch: Batch, settled: int | None) -> None:
+        """A stream batch (rows up to `settled` recorded): a recorded row's report is taken
+        (one that came within the delivery timeout says its partition answers again), one
+        detoured on its way is left to the slow lane, and a failure of a row read again is
+        forgotten (it is sent again then). A slow-lane batch (`settled` None): its patient rows'
+        reports are the slow lane's (outbox.slow)."""
+        patient = self.patient
+        for index, message in enumerate(batch.read):
+            if message.key not in batch.patient or message.held:
+                continue
+            if settled is None:
+                patient.to_slow_lane(message.id)
+            elif index >= settled:
+                failed = patient.report(message.id)
+                if failed is not None and failed.error is not None:
+                    patient.take(message.id)
+            else:
+                report = patient.take(message.id)
+                if report is None:
+                    patient.to_slow_lane(message.id)
+                elif report.error is None and report.in_time:
+                    self.topics.answered_in_time(message.topic, report.partition)
 
     def await_batch(self, batch: Batch) -> None:
         """Wait until the producer has nothing in flight or unreported after the batch (later
@@ -334,7 +503,9 @@ class RelayProducer:
         self._unacked = [b for b in self._unacked if b.producer is not producer]
 
     def close(self) -> None:
-        """Let the producer finish (nothing is in flight between batches) and drop it."""
+        """Let the producer finish (nothing is in flight between batches) and drop it; the
+        patient producer gets the shutdown grace for what it has on its way."""
+        self.patient.close(self.settings.shutdown_grace.total_seconds())
         if self._fatal is not None and self._refused is None:  # no replacement said it
             self._emit(logging.ERROR, "producer failed fatally", {"error": describe(self._fatal)})
             self._fatal = None
@@ -344,3 +515,9 @@ class RelayProducer:
             except KafkaException:
                 self._drop(self._producer)  # failed fatally: nothing left to wait for
             self._producer = None
+
+
+def _failed_sent(batch: Batch) -> int:
+    """How many rows the relay's producer sent in `batch` got an error report."""
+    return sum(1 for key in batch.errors
+               if key not in batch.unsent and key not in batch.patient)

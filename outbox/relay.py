@@ -82,7 +82,11 @@ class Relay:
         self._wait: Wait = wait or self.stop.wait
         self.stats = RelayStats()
         self.heartbeat = heartbeat  # beaten every loop iteration: /healthz of publish_outbox --loop
-        self.kafka = RelayProducer(settings, self.relay_id, emit=self._say, stop=self.stop)
+        # Each topic's first batch waits for a look at its durability and partitions.
+        self.topics = TopicWatch(settings, using, client_id=self.relay_id, emit=self._say,
+                                 kafka_failing=lambda: self.kafka.outage.failing)
+        self.kafka = RelayProducer(settings, self.relay_id, emit=self._say, stop=self.stop,
+                                   topics=self.topics)
         self.leadership = Leadership(using, emit=self._say)
         self._reader = StreamReader(using, settings.batch_size, leader=self.leadership,
                                     size=settings.read_size())
@@ -100,11 +104,6 @@ class Relay:
         self.slow = SlowLane(using, batch_size=settings.batch_size,
                              max_attempts=settings.max_attempts, producer=self.kafka,
                              retries=self.retries, tally=self.tally)
-        # Each topic's first batch waits for a look at its durability and partitions.
-        self.topics = TopicWatch(settings, using, client_id=self.relay_id, emit=self._say,
-                                 kafka_failing=lambda: self.kafka.outage.failing)
-        self.kafka.admit = self.topics.admit
-        self.kafka.partition_failed = self.topics.partition_failed
         self.topics.on_ready = self.retries.partitions.ready
 
     def _say(self, level: int, event: str, fields: dict[str, Any]) -> None:
@@ -221,7 +220,7 @@ class Relay:
                 self.prune()
                 next_prune = time.monotonic() + PRUNE_EVERY_S
             outcome = self.publish_available()
-            if self.leadership.leading and not self.kafka.outage.failing:
+            if self.leadership.leading:
                 self.topics.look_again_if_due()  # a partition added, a configuration changed
             backoff.succeeded("database")
             if self.stop.is_set():

@@ -59,8 +59,10 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
     in a batch with nothing delivered it is unavailable and the stream stops before it, as for
     a broker that cannot be reached. The slow lane defers such a row whatever the rest did
     (its rows are detoured already: nothing floods, and the stream judges the broker). Rows
-    `unsent` (keys: the topic's metadata, read from the cluster, showed their partition unable
-    to take them) say the cluster answers too: a stream batch of only such rows defers them.
+    `unsent` (keys: kept back because the topic's metadata showed their partition unable to
+    take them) are no answer of the cluster: a stream batch with nothing delivered stops before
+    them as well, so that a topic whose every partition is short of in-sync replicas stops the
+    stream instead of detouring it row by row.
 
     A row that timed out in this client (`local_timeout`) beside delivered rows may be a broker
     that died halfway through the batch, not its partition: the stream defers it only if
@@ -71,8 +73,7 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
     else:
         acked = acked_at is not None
         sent = [m for m in messages if not m.held and m.key not in unsent]
-        answered = acked and (not stop_at_unavailable or not sent
-                              or any(m.key not in errors for m in sent))
+        answered = acked and (not stop_at_unavailable or any(m.key not in errors for m in sent))
         if answered and stop_at_unavailable and any(
                 partition_unavailable(e) and local_timeout(e)
                 for e in (errors[m.key] for m in sent if m.key in errors)):

@@ -6,7 +6,9 @@ A batch ends before a key it already has or one still in flight (`cut`: one row 
 flight at a time). A row the broker refused, a row its partition could not take while the
 cluster took others (deferred), and every later row of its key, leave the stream for the slow
 lane (they are "detoured"). If the broker could not take a row (nothing of the batch delivered),
-the position stops just before it and the rest is read again."""
+the position stops just before it and the rest is read again: the next batch is then a probe,
+cut past the keys it already has (their later rows held behind their head, not ending it), so
+that a head row its partition cannot take does not make every batch that one row."""
 
 import logging
 import threading
@@ -20,7 +22,7 @@ from outbox.leadership import Leadership
 from outbox.outage import Emit
 from outbox.producer import Batch, RelayProducer
 from outbox.reader import StreamReader
-from outbox.reports import sort_reports
+from outbox.reports import Reports, sort_reports
 from outbox.retries import Retries
 from outbox.store import Position, Read, ReadMessage
 from outbox.tally import BatchOutcome, Tally
@@ -32,12 +34,18 @@ STREAM_BATCHES_PER_CALL = 20
 
 
 def cut(read: list[ReadMessage], busy: Iterable[str],
-        held: frozenset[str] | set[str] = frozenset()) -> list[ReadMessage]:
+        held: frozenset[str] | set[str] = frozenset(), *,
+        probe: frozenset[str] | set[str] = frozenset()) -> list[ReadMessage]:
     """The batch in `read`: up to the first row whose key is `busy` (in flight) or already in
     the batch, so that order per key holds whatever the broker does with each. A row of a
     `held` key (detoured since the read began) is held, as the read says of a key the slow lane
-    holds."""
+    holds. A probe batch (after one that delivered nothing; `probe`: the keys that got no
+    answer) goes on past those keys: their later rows are held (detoured behind their head,
+    whatever becomes of it), so that the batch carries other keys' rows, and the cluster's
+    answer tells a partition's outage from the broker's."""
     keys = set(busy)
+    if probe:
+        return _probe_cut(read, keys, held, probe)
     for index, message in enumerate(read):
         if message.key in keys:
             read = read[:index]
@@ -46,6 +54,19 @@ def cut(read: list[ReadMessage], busy: Iterable[str],
     if held:
         read = [m._replace(held=True) if m.key in held and not m.held else m for m in read]
     return read
+
+
+def _probe_cut(read: list[ReadMessage], busy: set[str], held: frozenset[str] | set[str],
+               probe: frozenset[str] | set[str]) -> list[ReadMessage]:
+    batch: list[ReadMessage] = []
+    keys: set[str] = set()
+    for message in read:
+        if message.key in busy or (message.key in keys and message.key not in probe):
+            break
+        repeated = (message.key in keys or message.key in held) and not message.held
+        batch.append(message._replace(held=True) if repeated else message)
+        keys.add(message.key)
+    return batch
 
 
 def position_after(batch: Batch, outcome: BatchOutcome) -> Position | None:
@@ -89,12 +110,16 @@ class StreamLane:
         self._tally = tally
         self._held = held
         self._stop = stop
+        # The keys of the last batch recorded if it delivered nothing and stopped before them:
+        # the next run's first batch is a probe past them (`cut`).
+        self._probe: frozenset[str] = frozenset()
 
     def read(self, after: Position, busy: Iterable[str] = (),
-             held: frozenset[str] | set[str] = frozenset()) -> Read:
+             held: frozenset[str] | set[str] = frozenset(), *,
+             probe: frozenset[str] | set[str] = frozenset()) -> Read:
         """The next batch after `after` (see `cut`)."""
         read = self._reader.read(after)
-        return Read(cut(read.messages, busy, held), read.read_at)
+        return Read(cut(read.messages, busy, held, probe=probe), read.read_at)
 
     def publish(self, total: BatchOutcome) -> BatchOutcome:
         """Stream batches until a read comes back empty, the broker is unavailable, stop, or
@@ -140,7 +165,8 @@ class StreamLane:
                 run.reading = False
                 return
             busy = set().union(*(b.keys for b in run.in_flight))
-            read = self.read(run.after, busy, run.detoured)
+            read = self.read(run.after, busy, run.detoured,
+                             probe=self._probe if run.batches == 0 else frozenset())
             if not read.messages:
                 # Nothing after `after`, or its first row's key is in flight: read on once a
                 # batch in flight is done (if none is, there is nothing to read).
@@ -174,8 +200,10 @@ class StreamLane:
 
     def _drop_unrecorded(self, batch: Batch) -> None:
         """A batch read past a position that stopped short: wait for its reports all the same
-        (nothing of it is recorded; what was delivered is sent again, at least once)."""
+        (nothing of it is recorded; what was delivered is sent again, at least once, and a row
+        its attempt may have left on the topic goes to the patient producer then)."""
         self._producer.await_batch(batch)
+        self._producer.record_patient(batch, Reports(settled=0), stream=True)
 
     def finish(self, batch: Batch, start: Position,
                detoured_keys: set[str] | None = None) -> BatchOutcome:
@@ -184,6 +212,7 @@ class StreamLane:
         delay, no attempt counted) or held (detoured); it stops before the first row the broker
         could not take (or that the stop released)."""
         self._producer.await_batch(batch)
+        self._producer.await_patient(batch)
         reports = sort_reports(batch.read, batch.errors, acked_at=batch.acked_at,
                                read_at=batch.read_at, stop_at_unavailable=True,
                                unsent=batch.unsent,
@@ -210,6 +239,10 @@ class StreamLane:
             if detoured_keys is not None and detours:
                 detoured_keys.update(m.key for m, _error in reports.detoured)
                 detoured_keys.update(m.key for m, _error in reports.deferred)
+        self._producer.record_patient(batch, reports, stream=True)
+        if outcome.published or outcome.released:
+            self._probe = (frozenset() if outcome.published
+                           else frozenset(m.key for m in batch.read[recorded:]))
         metrics.observe_delivery_latencies(reports.latencies)
         self._producer.batch_recorded(published=outcome.published, released=outcome.released,
                                       first_unavailable=reports.first_unavailable)

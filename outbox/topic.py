@@ -13,7 +13,11 @@ DescribeConfigs), and:
 - keeps which partitions cannot take a record now (no leader, fewer in-sync replicas than
   `min.insync.replicas`, or one that answered NOT_ENOUGH_REPLICAS_AFTER_APPEND since the last
   look): a row bound for one is not sent, it is deferred at once ("One partition's outage"),
-  and the metadata is read again every LOOK_UNREADY_S until the partition looks able again.
+  and the metadata is read again every LOOK_UNREADY_S until the partition looks able again;
+- keeps the partitions that did not answer in time (their rows timed out in the client while
+  the rest of their batch was delivered) the same way, until a row of theirs is acknowledged
+  within the delivery timeout (the patient producer's probe, outbox.patient) or a look shows
+  another leader.
 """
 
 import logging
@@ -138,9 +142,15 @@ class TopicWatch:
         self._durability: dict[str, str] = {}  # the state said for each topic
         self._tried: set[str] = set()  # topics whose metadata a look already waited for
         self._next_look = 0.0
+        self._last_look = 0.0
         # The partitions that cannot take a record now, by topic, with the error a row bound
         # for one records; from the last look that read the topic's metadata (none if it failed).
         self._unready: dict[str, dict[int, KafkaError]] = {}
+        # The partitions that did not answer in time, by topic: the leader the last look had
+        # seen for each then, and the error a row kept back records. Not forgotten by a look
+        # (the metadata says nothing of it), only by an answer in time or another leader.
+        self._slow: dict[str, dict[int, tuple[int, KafkaError]]] = {}
+        self._leaders: dict[str, dict[int, int]] = {}  # by topic, as the last look saw them
         # Told (topic, partition) when a partition found unable looks able again; True if it
         # was in an outage (its deferred rows are then due at once).
         self.on_ready: Callable[[str, int], bool] = lambda _topic, _partition: False
@@ -161,11 +171,16 @@ class TopicWatch:
                 self._admitted.add(topic)
         if self._next_look == 0.0:
             self._next_look = self._clock() + self._look_interval()
-        return self.unsendable(messages) if self._unready else {}
+        return self.unsendable(messages) if self._unready or self._slow else {}
+
+    @property
+    def holding_back(self) -> bool:
+        """Some partition's rows are not sent now (a look lifts them)."""
+        return any(self._unready.values()) or any(self._slow.values())
 
     def _look_interval(self) -> float:
         """Until the next look: sooner while a partition cannot take records."""
-        return self.look_unready_s if any(self._unready.values()) else self.look_again_s
+        return self.look_unready_s if self.holding_back else self.look_again_s
 
     def unsendable(self, messages: Sequence[Any]) -> Unsendable:
         """The rows of `messages` bound for a partition the last look found unable to take them
@@ -173,14 +188,44 @@ class TopicWatch:
         sent, so no copy can come of them, and no delivery timeout is waited for."""
         found: Unsendable = {}
         for message in messages:
-            unready = self._unready.get(message.topic)
-            if not unready:
+            unready, slow = self._unready.get(message.topic), self._slow.get(message.topic)
+            if not unready and not slow:
                 continue
             partition = partition_of(message.key, self._partitions[message.topic])
-            error = unready.get(partition)
+            error = unready.get(partition) if unready else None
+            if error is None and slow and partition in slow:
+                error = slow[partition][1]
             if error is not None:
                 found[message.key] = (partition, error)
         return found
+
+    def partition_of(self, topic: str, key: str) -> int:
+        """The partition the producer puts `key` on (-1 before a look read the topic)."""
+        count = self._partitions.get(topic)
+        return partition_of(key, count) if count else -1
+
+    def partition_slow(self, topic: str, partition: int) -> None:
+        """Its rows timed out in the client while the rest of their batch was delivered: it
+        is kept back like an unable one, one row at a time going as its probe (outbox.patient),
+        until it answers in time again or a look shows another leader."""
+        if partition < 0 or topic not in self._partitions:
+            return
+        leader = self._leaders.get(topic, {}).get(partition, -1)
+        self._slow.setdefault(topic, {})[partition] = (leader, KafkaError(
+            KafkaError._MSG_TIMED_OUT,
+            "not sent: the partition's records timed out while the others' were delivered; "
+            "kept back until one is acknowledged within the delivery timeout"))
+        self._next_look = min(self._next_look, self._clock() + self.look_unready_s)
+
+    def answered_in_time(self, topic: str, partition: int) -> None:
+        """A row of the partition was acknowledged within the delivery timeout: if it was kept
+        back as slow, it is able again (its deferred rows are due at once)."""
+        if self._slow.get(topic, {}).pop(partition, None) is not None:
+            self._back(topic, partition)
+
+    def _back(self, topic: str, partition: int) -> None:
+        if self.on_ready(topic, partition):
+            metrics.set_partition_available(topic, partition)
 
     def partition_failed(self, topic: str, partition: int, error: KafkaError) -> None:
         """A delivery report's error (RelayProducer): NOT_ENOUGH_REPLICAS_AFTER_APPEND means the
@@ -197,10 +242,18 @@ class TopicWatch:
         self._next_look = min(self._next_look, self._clock() + self.look_unready_s)
 
     def look_again_if_due(self) -> None:
-        """Every `look_again_s`: the topics' metadata and configuration again (a partition count
-        that changed is said and recorded; a configuration that no longer keeps what it
-        acknowledges raises UndurableTopicError)."""
-        if not self._admitted or self._clock() < self._next_look:
+        """Every `look_again_s`, and every `look_unready_s` while a partition is kept back or
+        the producer finds Kafka failing: the topics' metadata and configuration again (a
+        partition count that changed is said and recorded; a configuration that no longer keeps
+        what it acknowledges raises UndurableTopicError; the partitions that cannot take a
+        record now are kept back: a topic whose every partition is short of in-sync replicas is
+        kept back whole, and the stream stops instead of waiting out a time-out per batch). A
+        look at a Kafka that does not answer costs RETRY_LOOK_TIMEOUT_S."""
+        now = self._clock()
+        due = self._next_look
+        if self._kafka_failing():
+            due = min(due, self._last_look + self.look_unready_s)
+        if not self._admitted or now < due:
             return
         for topic in sorted(self._admitted):
             self._look(topic, RETRY_LOOK_TIMEOUT_S)
@@ -208,6 +261,7 @@ class TopicWatch:
 
     def _look(self, topic: str, timeout: float) -> bool:
         """Read, record and check `topic`; False if its metadata could not be read."""
+        self._last_look = self._clock()
         try:
             cluster = self._client().list_topics(topic, timeout=timeout)
         except KafkaException:
@@ -236,9 +290,16 @@ class TopicWatch:
                 unready[number] = KafkaError(code, f"not sent: the metadata shows {problem}")
         before = self._unready.get(topic, {})
         self._unready[topic] = unready
+        self._leaders[topic] = {n: p.leader for n, p in partitions.items()}
+        slow = self._slow.get(topic, {})
+        for number, (leader, _error) in list(slow.items()):
+            if self._leaders[topic].get(number, -1) not in (leader, -1):
+                del slow[number]  # another leader: it may well answer in time
+                if number not in unready:
+                    self._back(topic, number)
         for number in sorted(set(before) - set(unready)):
-            if self.on_ready(topic, number):
-                metrics.set_partition_available(topic, number)
+            if number not in slow:
+                self._back(topic, number)
 
     def _check_durability(self, topic: str, cluster: Any, found: Any,
                           timeout: float) -> int | None:

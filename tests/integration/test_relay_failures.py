@@ -64,11 +64,15 @@ def test_broker_down_pauses_with_backoff_and_everything_goes_out_when_it_is_back
     finally:
         thread.stop_and_join()
 
-    # Published in order per key, with no attempt counted. As the broker comes back, a partition
-    # whose leader answers a moment after the others' may have its rows deferred (issue 29:
-    # that partition's outage, not the broker's): detoured with its error, never attempted.
+    # Published in order per key, with no attempt counted for the outage. As the broker comes
+    # back, a partition whose leader answers a moment after the others' may have its rows
+    # deferred (that partition's outage, not the broker's), and the probe batch after the
+    # outage held its keys' later rows behind their heads: those were detoured, and the slow
+    # lane's delivery counts their one attempt.
     after = outbox_state()
-    assert all(r["attempts"] == 0 and r["parked_at"] is None for r in after)
+    assert all(r["attempts"] == 0 and r["parked_at"] is None for r in after
+               if r["detoured_at"] is None)
+    assert all(r["attempts"] == 1 for r in after if r["detoured_at"] is not None)
     assert all(r["last_error"] is None for r in after if r["detoured_at"] is None)
     records = read_topic(kafka.bootstrap_servers)
     assert first_seen_order(records) == {k: [str(i) for i in ids] for k, ids in written.items()}

@@ -227,3 +227,47 @@ def test_after_replicas_fell_short_after_an_append_nothing_is_sent_until_a_look_
     now[0] = 5.0  # looked at again soon, not in 30 s
     watch.look_again_if_due()
     assert admin.looks == 2 and watch.admit(rows_on(2)) == {} and ready == [(TOPIC, 2)]
+
+
+def test_a_partition_that_did_not_answer_in_time_is_kept_back_until_it_does_or_moves(
+    watched: tuple[TopicWatch, Admin, list[float], list[tuple[str, int]]],
+) -> None:
+    """A slow partition (its rows timed out while the rest of their batch was delivered): its
+    rows are kept back, a look that shows the same leader does not lift it (the metadata says
+    nothing of time), an answer in time does, and so does another leader."""
+    watch, admin, now, ready = watched
+    assert watch.admit(rows_on(0, 1, 2)) == {}
+    watch.partition_slow(TOPIC, 1)
+    watch.partition_slow(TOPIC, 2)
+    assert codes(watch.admit(rows_on(0, 1, 2))) == {1: KafkaError._MSG_TIMED_OUT,
+                                                    2: KafkaError._MSG_TIMED_OUT}
+    now[0] = 5.0
+    watch.look_again_if_due()
+    assert set(codes(watch.admit(rows_on(1, 2)))) == {1, 2} and ready == []
+
+    watch.answered_in_time(TOPIC, 1)
+    admin.partitions[2] = (2, [1, 2, 3])  # another leader
+    now[0] = 10.0
+    watch.look_again_if_due()
+
+    assert watch.admit(rows_on(0, 1, 2)) == {} and ready == [(TOPIC, 1), (TOPIC, 2)]
+
+
+def test_the_look_goes_on_every_5_s_while_the_producer_finds_kafka_failing(
+    db: None,
+) -> None:
+    admin, now, failing = Admin(dict.fromkeys(range(PARTITIONS), HEALTHY)), [0.0], [False]
+    watch = TopicWatch(relay_settings("127.0.0.1:9", allow_undurable_topic=False), "default",
+                       client_id="relay-t", emit=lambda *_: None, admin=lambda: admin,
+                       look_again_s=30, look_unready_s=5, clock=lambda: now[0],
+                       kafka_failing=lambda: failing[0])
+    with as_relay():
+        watch.admit(rows_on(0))
+        failing[0], now[0] = True, 4.9
+        watch.look_again_if_due()
+        assert admin.looks == 1
+        admin.partitions = {p: (1, [1]) for p in range(PARTITIONS)}  # every one short
+        now[0] = 5.0
+        watch.look_again_if_due()
+        assert admin.looks == 2
+        assert set(codes(watch.admit(rows_on(0, 1, 2)))) == {0, 1, 2}

@@ -32,12 +32,13 @@ def refused_port() -> Iterator[int]:
 
 class Proxy:
     """Forwards 127.0.0.1:<port> to `upstream`; `stop()` refuses and cuts, `start()` resumes,
-    `close()` gives the port back. Until the first `start()` the port refuses connections."""
+    `close()` gives the port back. Until the first `start()` the port refuses connections.
+    `port`: the port to take (one a server already advertises), or any free one."""
 
-    def __init__(self, upstream: tuple[str, int]) -> None:
+    def __init__(self, upstream: tuple[str, int], port: int = 0) -> None:
         self.upstream = upstream
         # Bound, never listening, until close(): while stopped the port refuses, and stays ours.
-        self._holder = _loopback_socket(0)
+        self._holder = _loopback_socket(port)
         self.port = int(self._holder.getsockname()[1])
         self._listener: socket.socket | None = None
         self._open: set[socket.socket] = set()

@@ -15,6 +15,13 @@ def record(scenario: str, **counts: object) -> None:
     LINES.append(f"{scenario}: " + ", ".join(f"{k}={v}" for k, v in counts.items()))
 
 
+def shown(scenario: str, **counts: object) -> None:
+    """`record`, and print the line at once (a fault test's figures, seen with `pytest -s` as
+    the test runs, and in the session summary)."""
+    record(scenario, **counts)
+    print(f"\n{LINES[-1]}")  # noqa: T201
+
+
 def count(scenario: str, **increments: int) -> None:
     """Add to `scenario`'s running totals (for tests that run many examples)."""
     totals = COUNTS.setdefault(scenario, {})

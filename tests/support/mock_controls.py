@@ -1,5 +1,6 @@
 """librdkafka mock-cluster controls the tests need beyond devtools.mock_kafka's: a partition's
-leader, and errors for the next requests of an API (on the library and cluster it drives)."""
+leader, errors for the next requests of an API, and a broker's round-trip time (on the library
+and cluster it drives)."""
 
 import ctypes
 
@@ -27,3 +28,13 @@ def push_request_errors(cluster: MockKafkaCluster, api_key: int, *errors: int) -
     codes = (ctypes.c_int * len(errors))(*errors)
     lib.rd_kafka_mock_push_request_errors_array(cluster._cluster, api_key,
                                                 len(errors), codes)
+
+
+def set_broker_rtt(cluster: MockKafkaCluster, broker: int, rtt_ms: int) -> None:
+    """Every answer of `broker` comes `rtt_ms` late (0: at once); it still takes each request
+    when it arrives (a leader that appends, then answers late)."""
+    lib = cluster._lib
+    lib.rd_kafka_mock_broker_set_rtt.argtypes = [ctypes.c_void_p, ctypes.c_int32, ctypes.c_int]
+    err = lib.rd_kafka_mock_broker_set_rtt(cluster._cluster, broker, rtt_ms)
+    if err != 0:
+        raise MockKafkaError(f"set_broker_rtt failed with librdkafka error {err}")

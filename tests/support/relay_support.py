@@ -262,6 +262,21 @@ def outbox_state() -> list[dict[str, Any]]:
         return [dict(zip(names, r, strict=True)) for r in cursor.fetchall()]
 
 
+def published_ids() -> set[str]:
+    """The ids of the rows recorded as published (either lane)."""
+    with connection.cursor() as cursor:
+        cursor.execute("select id::text from outbox_messages m"
+                       " where outbox_published_at(m) is not null")
+        return {r[0] for r in cursor.fetchall()}
+
+
+def detoured_count() -> int:
+    """How many rows left the stream for the slow lane."""
+    with connection.cursor() as cursor:
+        cursor.execute("select count(*) from outbox_messages where detoured_at is not null")
+        return int(cursor.fetchone()[0])
+
+
 def unpublished_count() -> int:
     with connection.cursor() as cursor:
         cursor.execute("select count(*) from outbox_messages m"

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from outbox.config import RelaySettings
-from outbox.producer import Batch, RelayProducer
+from outbox.producer import Batch, EveryPartitionAble, RelayProducer
 from outbox.store import Read, ReadMessage
 
 Report = Callable[[KafkaError | None, Any], None]
@@ -301,7 +301,12 @@ def test_a_row_the_topic_watch_finds_unsendable_is_not_produced_and_gets_its_err
     harness: Harness,
 ) -> None:
     no_leader = KafkaError(KafkaError.LEADER_NOT_AVAILABLE, "not sent: the metadata shows no leader")
-    harness.relay.admit = lambda rows: {r.key: (2, no_leader) for r in rows if r.key == "b"}
+
+    class Topics(EveryPartitionAble):
+        def admit(self, messages: list[ReadMessage]) -> dict[str, tuple[int, KafkaError]]:
+            return {r.key: (2, no_leader) for r in messages if r.key == "b"}
+
+    harness.relay.topics = Topics()
 
     batch = harness.batch("a", "b")
 
@@ -316,7 +321,12 @@ def test_every_error_report_is_told_to_the_topic_watch_with_its_partition(
     harness: Harness,
 ) -> None:
     told: list[tuple[str, int, int]] = []
-    harness.relay.partition_failed = lambda topic, p, error: told.append((topic, p, error.code()))
+
+    class Topics(EveryPartitionAble):
+        def partition_failed(self, topic: str, partition: int, error: KafkaError) -> None:
+            told.append((topic, partition, error.code()))
+
+    harness.relay.topics = Topics()
     batch = harness.batch("a", "b")
     harness.fake.fail("b", KafkaError(KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND), partition=3)
 

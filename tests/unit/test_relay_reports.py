@@ -105,18 +105,23 @@ def test_a_connection_or_producer_error_beside_delivered_rows_still_stops_the_st
         assert reports.first_unavailable is error
 
 
-def test_a_stream_batch_of_rows_the_metadata_kept_back_defers_them_the_cluster_answered() -> None:
-    no_leader = KafkaError(KafkaError.LEADER_NOT_AVAILABLE, "not sent: the metadata shows no leader")
+def test_a_stream_batch_of_rows_the_metadata_kept_back_is_no_answer_and_stops_the_stream() -> None:
+    """Every partition short of in-sync replicas: nothing is sent, nothing deferred (a batch
+    kept back whole deferred its rows, and the stream detoured the backlog row by row)."""
+    short = KafkaError(KafkaError.NOT_ENOUGH_REPLICAS, "not sent: the metadata shows 1 in-sync "
+                                                       "replica(s), min.insync.replicas=2")
     rows = [row(1), row(3, held=True), row(4)]
-    errors = {"key-1": no_leader, "key-4": no_leader}
+    errors = {"key-1": short, "key-4": short}
 
     kept_back = sort_reports(rows, errors, acked_at=11.0, read_at=10.0, stop_at_unavailable=True,
                              unsent={"key-1", "key-4"})
-    timed_out = sort_reports(rows, errors, acked_at=11.0, read_at=10.0, stop_at_unavailable=True)
+    beside_one_delivered = sort_reports([*rows, row(5)], errors, acked_at=11.0, read_at=10.0,
+                                        stop_at_unavailable=True, unsent={"key-1", "key-4"})
 
-    assert [m.key for m, _e in kept_back.deferred] == ["key-1", "key-4"]
-    assert kept_back.settled == 3 and not kept_back.unavailable
-    assert not timed_out.deferred and timed_out.settled == 0  # sent and lost: the broker's outage
+    assert kept_back.settled == 0 and not kept_back.deferred and not kept_back.detoured
+    assert kept_back.first_unavailable is short
+    assert [m.key for m, _e in beside_one_delivered.deferred] == ["key-1", "key-4"]
+    assert beside_one_delivered.settled == 4
 
 
 def test_a_row_kept_back_beside_sent_rows_of_which_none_was_delivered_stops_the_stream() -> None:

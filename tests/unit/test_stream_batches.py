@@ -57,6 +57,29 @@ def test_cut_leaves_a_row_already_held_as_it_is() -> None:
     assert cut([already], busy=(), held={"a"})[0] is already
 
 
+def test_a_probe_goes_on_past_the_keys_that_got_no_answer_holding_their_later_rows() -> None:
+    """After [a] delivered nothing (a's partition unreachable, a's next row right behind it),
+    the probe carries the other keys' rows; it still ends before another key's second row."""
+    read = [row(1, "a"), row(2, "a"), row(3, "b"), row(4, "a"), row(5, "c"), row(6, "b")]
+    out = cut(read, busy=(), probe={"a"})
+    assert keys(out) == ["a", "a", "b", "a", "c"]
+    assert [m.held for m in out] == [False, True, False, True, False]
+    assert keys(cut(read, busy={"c"}, probe={"a"})) == ["a", "a", "b", "a"]
+
+
+@given(st.lists(st.sampled_from("abcdef"), max_size=30), st.sets(st.sampled_from("abcdef")),
+       st.sets(st.sampled_from("abcdef")))
+def test_a_probe_sends_one_row_per_key_and_holds_the_rest_in_order(
+        read_keys: list[str], busy: set[str], probe: set[str]) -> None:
+    read = [row(i, k) for i, k in enumerate(read_keys)]
+    out = cut(read, busy=busy, probe=probe)
+    assert [m.id for m in out] == [m.id for m in read[:len(out)]]
+    sent = [m.key for m in out if not m.held]
+    assert len(set(sent)) == len(sent) and not set(sent) & busy
+    held = [m for m in out if m.held]
+    assert all(m.key in probe and m.key in sent[:sent.index(m.key) + 1] for m in held)
+
+
 @given(st.lists(st.sampled_from("abcdef"), max_size=30), st.sets(st.sampled_from("abcdef")))
 def test_cut_is_the_longest_prefix_with_one_row_per_key_and_none_busy(
         read_keys: list[str], busy: set[str]) -> None:
