@@ -48,12 +48,30 @@ class Settings:
 
 class Environment(environ.Env):  # type: ignore[misc]
     """django-environ's reader over `environ` (default: the process environment), plus
-    validated reads that raise ConfigError naming the variable."""
+    validated reads that raise ConfigError naming the variable. Every value is taken as written:
+    django-environ's interpolation (a value `$NAME` read as the variable NAME) is off."""
 
     def __init__(self, environ_: Mapping[str, str] | None = None) -> None:
         super().__init__()
         if environ_ is not None:
             self.ENVIRON = environ_
+
+    def get_value(self, var: str, cast: Any = None, default: Any = environ.Env.NOTSET,
+                  parse_default: bool = False) -> Any:
+        """django-environ's `get_value` (under `str`, `list`, ...) without its interpolation,
+        which 0.14 has no switch for: a secret key that starts with `$` was read as another
+        variable's value, or an error about a variable nobody set."""
+        raw = self.raw(var)
+        if raw is None and default is self.NOTSET:
+            raise ConfigError(var, "not set")
+        value = default if raw is None else raw
+        # django-environ's smart cast: an unset cast is the default's type.
+        if cast is None and default is not None and not isinstance(default, environ.NoValue):
+            cast = type(default)
+        value = None if default is None and value == "" else value
+        if value != default or (parse_default and value is not None):
+            value = self.parse_value(value, cast)
+        return value
 
     def raw(self, name: str) -> str | None:
         """The variable's text as set, or None when it is unset."""

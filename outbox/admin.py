@@ -29,6 +29,7 @@ from core.admin import (
     exact_uuid_filter,
     short_id,
 )
+from outbox import requeue
 from outbox import store as outbox_store
 from outbox.models import OutboxMessage, OutboxMessageQuerySet
 
@@ -198,8 +199,9 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
         with transaction.atomic():
             parked = list(cast(OutboxMessageQuerySet, queryset).parked()
                           .order_by("created_at").select_for_update())
-            # The relay's own re-queue: attempts and the retry delay reset, the row goes out at once.
-            outbox_store.requeue_parked(queryset.db, [m.pk for m in parked])
+            # The relay's own re-queue: attempts and the retry delay reset, the row goes out at
+            # once; logged and counted as the command's.
+            requeue.requeue(queryset.db, [m.pk for m in parked], via="admin")
             for message in parked:
                 self.log_change(request, message, (
                     f"Re-queued: parked_at cleared (was {message.parked_at:%Y-%m-%d %H:%M:%S} UTC) "

@@ -71,6 +71,16 @@ QUEUE_BYTES = Gauge(
     "profile_outbox_producer_queue_bytes",
     "Bytes of the messages in the relay's producer queue.", registry=None,
 )
+# The operator's one write, by the command or the admin's action: installed by the process that
+# re-queues (the admin's serves it on METRICS_ADDR from its start; the command serves none).
+REQUEUED_TOTAL = Counter(
+    "profile_outbox_requeued_total",
+    "Parked outbox messages re-queued by an operator (via: the requeue_outbox command or the "
+    "admin's action).",
+    ["via"], registry=None,
+)
+REQUEUE_VIAS = ("command", "admin")
+REQUEUE_METRICS = MetricSet(REQUEUED_TOTAL)
 RELAY_METRICS = MetricSet(PUBLISHED_TOTAL, FAILED_TOTAL, PARKED_TOTAL, BROKER_CONNECTED,
                           DELIVERY_LATENCY, BROKER_RTT, QUEUE_MESSAGES, QUEUE_BYTES)
 _brokers: set[str] = set()
@@ -81,6 +91,18 @@ def install_relay_metrics(registry: CollectorRegistry = REGISTRY) -> None:
     RELAY_METRICS.install(registry)
     PARTITION_METRICS.install(registry)
     TOPIC_METRICS.install(registry)
+
+
+def install_requeue_metrics(registry: CollectorRegistry = REGISTRY) -> None:
+    """Register the re-queue counter in `registry` (once), each `via` at 0 until it counts."""
+    for via in REQUEUE_VIAS:
+        REQUEUED_TOTAL.labels(via=via)
+    REQUEUE_METRICS.install(registry)
+
+
+def record_requeued(n: int, via: str) -> None:
+    """An operator re-queued `n` parked messages through `via` (one of REQUEUE_VIAS)."""
+    REQUEUED_TOTAL.labels(via=via).inc(n)
 
 
 def record_published(n: int = 1) -> None:

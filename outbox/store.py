@@ -479,6 +479,22 @@ def list_parked(using: str, limit: int) -> list[ParkedMessage]:
         return [ParkedMessage(*r) for r in cur.fetchall()]
 
 
+class ParkedRow(NamedTuple):
+    """A parked row as a re-queue's preview shows it."""
+
+    id: uuid.UUID
+    message_key: str
+    created_at: datetime
+    parked_at: datetime
+
+
+def requeue_preview(using: str, ids: Sequence[uuid.UUID] | None) -> list[ParkedRow]:
+    """The parked rows `requeue_parked(ids)` would re-queue, oldest parked first."""
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["requeue_preview"], {"all": ids is None, "ids": list(ids or [])})
+        return [ParkedRow(*r) for r in cur.fetchall()]
+
+
 def requeue_parked(using: str, ids: Sequence[uuid.UUID] | None) -> list[uuid.UUID]:
     """Make parked rows deliverable again with fresh attempts: `ids`, or all when None."""
     with server_cursor(using) as cur:

@@ -37,10 +37,13 @@ def on_starting(server: Any) -> None:
 
 
 def post_worker_init(worker: Any) -> None:
-    """The ops server, on the worker's own threads beside the requests it counts."""
+    """The ops server, on the worker's own threads beside the requests it counts (and the
+    re-queues the admin's action makes)."""
     from core.health import Verdict, database_ready
     from core.ops_server import Probes, ops_server_from_env
+    from outbox.metrics import install_requeue_metrics
 
+    install_requeue_metrics()
     server = ops_server_from_env(os.environ, Probes(
         liveness=lambda: Verdict(True, "ok: the admin's worker answers"),
         readiness=database_ready,

@@ -16,6 +16,12 @@ logger = logging.getLogger("reminders.retention")
 
 PRUNE_CHUNK = 5_000
 RUN_HISTORY_CHUNK = 1_000
+# prune_reminders deletes more than this share of the ledger only with --yes. A marker lives from
+# its document's expiry minus the largest threshold to its expiry plus the retention (120 days at
+# the defaults), and every cycle prunes, so a prune finds about a day of expiries: under 1% of the
+# ledger. A tenth is 12 days' worth, more than any catch-up; a shortened retention, a wrong
+# REMINDER_RETENTION_DAYS or a year typed wrong deletes more (docs/commands.md).
+CONFIRM_PERCENT = 10
 
 
 def prune_expired_markers(
@@ -35,6 +41,19 @@ def prune_expired_markers(
     )
     log_event(logger, logging.INFO, "markers pruned", cutoff=cutoff, pruned=total)
     return total
+
+
+def reasons_to_confirm(census: store.PruneCensus) -> list[str]:
+    """Why the prune `census` counts needs the operator's --yes: markers of documents not expired
+    yet on the database's clock, or more than CONFIRM_PERCENT of the ledger (empty: it needs none)."""
+    reasons = []
+    if census.expired * 100 > census.markers * CONFIRM_PERCENT:
+        reasons.append(f"{census.expired} of the ledger's {census.markers} markers "
+                       f"({census.expired * 100 // census.markers}%, more than {CONFIRM_PERCENT}%)")
+    if census.unexpired:
+        reasons.append(f"{census.unexpired} marker(s) of documents not expired yet (expiring on "
+                       f"or after {census.today}, today on the database's clock)")
+    return reasons
 
 
 def run_history_age(settings: ReminderSettings) -> timedelta:

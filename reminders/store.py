@@ -328,6 +328,22 @@ def count_expired_markers(using: str, cutoff: date) -> int:
     return int(row[0])
 
 
+class PruneCensus(NamedTuple):
+    """What a prune down to a cutoff would delete, against the ledger (query `prune_census`)."""
+
+    expired: int  # markers expiring before the cutoff: what the prune deletes
+    unexpired: int  # of those, markers of documents expiring on or after `today`
+    markers: int  # the whole ledger
+    today: date  # the database's UTC date: the clock the worker's own cannot move
+
+
+def prune_census(using: str, cutoff: date) -> PruneCensus:
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["prune_census"], {"cutoff": cutoff})
+        expired, unexpired, markers, today = one(cur)
+    return PruneCensus(int(expired), int(unexpired), int(markers), today)
+
+
 def close_abandoned_runs(using: str, older_than: timedelta) -> int:
     """Record runs still `running` after `older_than` as failed; how many there were."""
     with server_cursor(using) as cur:

@@ -260,6 +260,15 @@ where p.parked_at is not null
 order by p.parked_at, p.id
 limit %(limit)s;
 
+-- requeue_preview: the parked rows requeue_parked would make deliverable again (all of them, or the
+-- given ids), oldest parked first: id, key, created_at, parked_at
+select id, message_key, created_at, parked_at
+from outbox_messages
+where parked_at is not null
+  and published_at is null
+  and (%(all)s or id = any(%(ids)s::uuid[]))
+order by parked_at, id;
+
 -- requeue_parked: make parked rows deliverable again with fresh attempts (all of them, or the given
 -- ids)
 update outbox_messages

@@ -427,6 +427,16 @@ where id = any(array(
 -- count_expired_markers: what prune_expired_markers would delete (for --dry-run)
 select count(*) from document_expiry_reminders where expires_at < %(cutoff)s::date;
 
+-- prune_census: before prune_reminders deletes: what it would delete (markers expiring before the
+-- cutoff), how many of those are of documents not expired yet on the database's clock (expiring on
+-- or after its UTC date today), the ledger's size, and that date
+select count(*) filter (where expires_at < %(cutoff)s::date),
+       count(*) filter (where expires_at < %(cutoff)s::date
+                          and expires_at >= (now() at time zone 'UTC')::date),
+       count(*),
+       (now() at time zone 'UTC')::date
+from document_expiry_reminders;
+
 -- close_abandoned_runs: runs left `running` long past any cycle's budget (their process was killed)
 -- are recorded as failed; aged on the database's clock, which stamped started_at
 update document_expiry_reminder_runs

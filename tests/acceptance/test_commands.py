@@ -16,6 +16,7 @@ from tests.conftest import command_env
 from tests.support.chaos import cycles_start_together
 from tests.support.chaos_proxy import refused_port
 from tests.support.factories import Documents, insert_documents
+from tests.support.faketime import skewed_env
 from tests.support.ledger import events, expiring_in, markers, real_today, run_statuses
 from tests.support.processes import Command, run_command
 
@@ -142,8 +143,11 @@ def test_prune_command(documents: Documents) -> None:
     documents(expires_at=expiring_in(-80))
     assert run_command("run_expiry_reminders", "--as-of", AS_OF_ARG).returncode == 0
 
-    dry = run_command("prune_reminders", "--dry-run", "--as-of", "2026-12-20")
-    real = run_command("prune_reminders", "--as-of", "2026-12-20")
+    # The worker's clock on the as-of's day (a future --as-of is refused); 4 of 4 markers is
+    # more than a tenth of the ledger: --yes.
+    on_the_day = skewed_env(command_env(), datetime(2026, 12, 20, 12, tzinfo=UTC) - datetime.now(UTC))
+    dry = run_command("prune_reminders", "--dry-run", "--as-of", "2026-12-20", env=on_the_day)
+    real = run_command("prune_reminders", "--as-of", "2026-12-20", "--yes", env=on_the_day)
 
     assert "would prune 4 marker(s)" in dry.stdout
     assert "pruned 4 marker(s)" in real.stdout

@@ -107,12 +107,13 @@ def test_a_prune_on_a_terminal_shows_a_bar_and_without_one_only_json(
     expired_on = date(2026, 11, 29) - timedelta(days=200)
     _expired_markers(12, expired_on)
 
-    run = run_in_terminal("prune_reminders", "--as-of", AS_OF_ARG, env=_terminal_env())
+    # The whole ledger goes: --yes.
+    run = run_in_terminal("prune_reminders", "--as-of", AS_OF_ARG, "--yes", env=_terminal_env())
     _assert_bar_above_whole_log_lines(run, "markers pruned", 12, "markers pruned  cutoff", 1)
     assert "pruned 12 marker(s)" in run.output
 
     _expired_markers(3, expired_on)
-    done = run_command("prune_reminders", "--as-of", AS_OF_ARG,
+    done = run_command("prune_reminders", "--as-of", AS_OF_ARG, "--yes",
                        env={**command_env(), "LOG_FORMAT": "auto"})
     assert done.returncode == 0 and "pruned 3 marker(s)" in done.stdout, done.stderr
     _assert_no_bar_and_only_json(done.stderr)

@@ -112,6 +112,10 @@ def test_admin_works_under_gunicorn_as_its_own_role(
               for s in families["django_http_requests_total_by_view_transport_method"].samples
               if s.name.endswith("_total") and s.labels.get("view") == "admin:login"}
     assert logins == {"GET": 1, "POST": 1}  # the login form and its answer, counted in the worker
+    # The re-queue, counted where it was made and exported by the admin's ops port.
+    requeues = {s.labels["via"]: s.value for s in families["profile_outbox_requeued"].samples
+                if s.name == "profile_outbox_requeued_total"}
+    assert requeues == {"admin": 1, "command": 0}
 
 
 def test_static_files_need_no_database(tmp_path: Path, http: requests.Session) -> None:

@@ -2,7 +2,6 @@
 
 import os
 from argparse import ArgumentParser
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.management.base import CommandError
@@ -11,14 +10,12 @@ from core.commands import EXIT_FAILED, ProjectCommand, stop_on_signals, usage_er
 from core.config import parse_duration, parse_positive_int
 from core.progress import ProgressBar
 from core.tracing import configure_tracing
-from reminders.cli import parse_as_of
+from reminders.cli import parse_as_of, refuse_future_as_of
 from reminders.config import load_settings
 from reminders.loop import run_loop
 from reminders.observe import ObservedCycles
 from reminders.result import CycleResult
 from reminders.serving import observed_loop
-
-FUTURE_TOLERANCE = timedelta(minutes=5)
 
 
 class Command(ProjectCommand):
@@ -54,9 +51,7 @@ class Command(ProjectCommand):
             else parse_duration("--max-run-duration", options["max_run_duration"]),
         )
         as_of = parse_as_of(options["as_of"]) if options["as_of"] else None
-        if as_of and as_of > datetime.now(UTC) + FUTURE_TOLERANCE and not options["dry_run"]:
-            raise usage_error(f"--as-of {as_of.isoformat()} is in the future; "
-                              "only --dry-run may look ahead")
+        refuse_future_as_of(as_of, dry_run=options["dry_run"])
         if options["loop"] and (as_of or options["dry_run"]):
             raise usage_error("--loop takes neither --as-of nor --dry-run")
 
