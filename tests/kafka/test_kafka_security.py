@@ -180,9 +180,10 @@ def without(acls: set[AclBinding], operation: AclOperation) -> set[AclBinding]:
 # --- the relay ------------------------------------------------------------------------------
 
 
-def sasl_env(cluster: KafkaCluster, who: Principal, **extra: str) -> dict[str, str]:
-    """The relay's environment for SASL_SSL as `who`, through the documented variables."""
-    env = relay_env(cluster.sasl_ssl_bootstrap_servers, **{
+def sasl_env(cluster: KafkaCluster, who: Principal, topic: str, **extra: str) -> dict[str, str]:
+    """The relay's environment for SASL_SSL as `who`, through the documented variables, the
+    test's `topic` the one it may publish to."""
+    env = relay_env(cluster.sasl_ssl_bootstrap_servers, OUTBOX_TOPICS=topic, **{
         "KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_MECHANISM": SCRAM,
         "KAFKA_SASL_USERNAME": who.name, "KAFKA_SASL_PASSWORD": who.password,
         "KAFKA_SSL_CA_LOCATION": str(cluster.ca_location), "OUTBOX_DELIVERY_TIMEOUT": "15s",
@@ -230,7 +231,7 @@ def test_the_relay_logs_in_over_sasl_ssl_and_publishes_with_exactly_the_document
     granted = grant_as_documented(kafka_cluster, principal, RELAY, topic, tmp_path)
     written = write_rows(topic)
 
-    done = run_relay(sasl_env(kafka_cluster, principal))
+    done = run_relay(sasl_env(kafka_cluster, principal, topic))
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"Relay pass: {ROWS} published"), done.stdout
@@ -254,7 +255,7 @@ def test_a_wrong_password_is_refused_in_one_line_nothing_recorded_and_no_secret_
     grant(kafka_cluster, principal, documented_acls(principal, RELAY, topic))
     write_rows(topic)
     wrong = f"wrong-{secrets.token_urlsafe(12)}"
-    env = sasl_env(kafka_cluster, principal, KAFKA_SASL_PASSWORD=wrong,
+    env = sasl_env(kafka_cluster, principal, topic, KAFKA_SASL_PASSWORD=wrong,
                    OUTBOX_DELIVERY_TIMEOUT="30s")  # the default
 
     started = time.monotonic()
@@ -286,7 +287,7 @@ def test_a_principal_without_write_is_refused_in_one_line_and_nothing_recorded(
           without(documented_acls(principal, RELAY, topic), AclOperation.WRITE))
     write_rows(topic)
 
-    done = run_relay(sasl_env(kafka_cluster, principal))
+    done = run_relay(sasl_env(kafka_cluster, principal, topic))
 
     assert done.returncode == 1, done.stderr
     line = assert_refused_in_one_line(done.stderr, naming="CLUSTER_AUTHORIZATION_FAILED")
@@ -305,7 +306,7 @@ def test_a_principal_without_describe_configs_publishes_with_durability_unverifi
     log = tmp_path / "relay.log"
     unverified = f'profile_outbox_topic_durability{{state="unverified",topic="{topic}"}} 1.0'
 
-    scraped = scrape_process(["publish_outbox", "--loop"], sasl_env(kafka_cluster, principal),
+    scraped = scrape_process(["publish_outbox", "--loop"], sasl_env(kafka_cluster, principal, topic),
                              log, lambda text, _log: unverified in text
                              and unpublished_count() == 0)
 
@@ -344,7 +345,7 @@ def published_window(cluster: KafkaCluster, topic: str) -> datetime:
         microsecond=0)
     write_rows(topic, at=at)
     done = run_relay({**relay_env(cluster.bootstrap_servers),
-                      "OUTBOX_ALLOW_UNDURABLE_TOPIC": "off"})
+                      "OUTBOX_ALLOW_UNDURABLE_TOPIC": "off", "OUTBOX_TOPICS": topic})
     assert done.returncode == 0, done.stderr
     return at
 

@@ -50,9 +50,10 @@ MIN_INSYNC = "min.insync.replicas"
 UNCLEAN = "unclean.leader.election.enable"
 
 
-def durable_relay_env(cluster: KafkaCluster, **extra: str) -> dict[str, str]:
-    """publish_outbox's environment for the real cluster: the stand-ins' switch left unset."""
-    env = relay_env(cluster.bootstrap_servers, **extra)
+def durable_relay_env(cluster: KafkaCluster, topic: str, **extra: str) -> dict[str, str]:
+    """publish_outbox's environment for the real cluster: the stand-ins' switch left unset, the
+    test's `topic` the one the relay may publish to."""
+    env = relay_env(cluster.bootstrap_servers, OUTBOX_TOPICS=topic, **extra)
     del env[ALLOW_UNDURABLE_VAR]
     return env
 
@@ -74,8 +75,10 @@ def test_the_contract_round_trip_with_default_settings_and_a_verified_topic(
     run(AS_OF)
     rows = stored_rows()
     assert len(rows) == 5
-    # The settings' defaults, the bootstrap servers aside: the durability check on, no switch.
-    settings = RelaySettings(bootstrap_servers=kafka_cluster.bootstrap_servers)
+    # The settings' defaults, the bootstrap servers and the test's topic aside: the durability
+    # check on, no switch.
+    settings = RelaySettings(bootstrap_servers=kafka_cluster.bootstrap_servers,
+                             topics=frozenset({topic}))
 
     with rows_sent_to(topic), as_relay(), caplog.at_level(logging.INFO, logger="outbox.relay"):
         stats = Relay(settings).run_pass()
@@ -98,7 +101,7 @@ def test_order_per_owner_with_two_relays_and_a_takeover(
 ) -> None:
     topic = real_topic()
     settings = relay_settings(kafka_cluster.bootstrap_servers, batch_size=7,
-                              allow_undurable_topic=False)
+                              allow_undurable_topic=False, topics=frozenset({topic}))
 
     written = standby_takeover(settings, topic=topic)
 
@@ -121,7 +124,8 @@ def test_the_audit_is_clean_against_the_real_topic(
 
     with rows_sent_to(topic):
         with as_relay():
-            settings = relay_settings(kafka_cluster.bootstrap_servers, allow_undurable_topic=False)
+            settings = relay_settings(kafka_cluster.bootstrap_servers, allow_undurable_topic=False,
+                                      topics=frozenset({topic}))
             assert Relay(settings).run_pass().published == 5
         with topic_reader(kafka_cluster, topic) as kafka_env:
             done = audit_command("--against-topic", "--format", "json", **kafka_env)
@@ -142,7 +146,7 @@ def test_a_one_shot_pass_publishes_everything_and_exits_0(
     topic = real_topic()
     written = interleaved_rows(keys=10, per_key=3, topic=topic)
 
-    done = run_relay(durable_relay_env(kafka_cluster))
+    done = run_relay(durable_relay_env(kafka_cluster, topic))
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Relay pass: 30 published"), done.stdout
@@ -160,7 +164,7 @@ def test_the_loop_publishes_what_is_written_while_it_runs_and_stops_on_sigterm(
     topic = real_topic()
     log = tmp_path / "relay.log"
     before = interleaved_rows(keys=10, per_key=2, topic=topic)
-    relay = start_relay(durable_relay_env(kafka_cluster), "--loop", log=log)
+    relay = start_relay(durable_relay_env(kafka_cluster, topic), "--loop", log=log)
 
     def published_or_exited() -> bool:
         return relay.poll() is not None or unpublished_count() == 0
@@ -214,13 +218,13 @@ def test_the_durability_check_reads_the_real_configuration(
     interleaved_rows(keys=5, per_key=1, topic=topic)
 
     if default is None:
-        done = run_relay(durable_relay_env(kafka_cluster))
+        done = run_relay(durable_relay_env(kafka_cluster, topic))
     else:
         with broker_default(kafka_cluster, MIN_INSYNC, default):
             # The topic has no setting of its own: DescribeConfigs reports the default.
             assert topic_setting(kafka_cluster, topic, MIN_INSYNC) == (
                 default, ConfigSource.DYNAMIC_DEFAULT_BROKER_CONFIG.value)
-            done = run_relay(durable_relay_env(kafka_cluster))
+            done = run_relay(durable_relay_env(kafka_cluster, topic))
 
     if refusal is None:
         assert done.returncode == 0, done.stderr
