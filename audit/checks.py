@@ -43,6 +43,8 @@ class AuditOptions:
     # an owner whose event is this full had the rest of its due documents left for the next cycle
     max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT
     topic_reader: TopicReader | None = None  # --against-topic
+    # OUTBOX_TOPICS, the relay's allowlist: a parked event off it is a finding of its own
+    topics: frozenset[str] = frozenset({events.TOPIC})
 
 
 def run_audit(options: AuditOptions, using: str = "default") -> AuditReport:
@@ -165,9 +167,11 @@ def check_relay_waits(using: str, options: AuditOptions, since: datetime,
 
 
 def check_parked(using: str, options: AuditOptions) -> CheckResult:
-    row = store.parked(using)
-    return CheckResult.of("parked", "no parked event", {"parked": len(row.parked)}, [
+    row = store.parked(using, options.topics)
+    examined = {"parked": len(row.parked) + len(row.parked_off_allowlist)}
+    return CheckResult.of("parked", "no parked event", examined, [
         Finding.listed(findings.PARKED, row.parked, options.limit),
+        Finding.listed(findings.PARKED_OFF_ALLOWLIST, row.parked_off_allowlist, options.limit),
     ])
 
 
