@@ -22,16 +22,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import (
     AclBinding,
-    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
     ResourcePatternType,
     ResourceType,
-    ScramCredentialInfo,
-    ScramMechanism,
-    UserScramCredentialDeletion,
-    UserScramCredentialUpsertion,
 )
 
 from core.roles import AUDITOR_ROLE
@@ -41,7 +36,7 @@ from reminders import events
 from tests.acceptance.test_relay_process import relay_env, run_relay
 from tests.conftest import command_env
 from tests.support.exported_metrics import scrape_process
-from tests.support.kafka_support import TopicMaker
+from tests.support.kafka_support import TopicMaker, every_acl_of, scram_user
 from tests.support.processes import run_command
 from tests.support.relay_support import insert_outbox, outbox_state, unpublished_count, wait_for
 
@@ -105,34 +100,13 @@ class Principal:
 
 @pytest.fixture
 def principal(kafka_cluster: KafkaCluster) -> Iterator[Principal]:
-    """A fresh SCRAM-SHA-512 user; its ACLs and the user removed at the end."""
-    admin = AdminClient(kafka_cluster.client_config())
-    made = Principal(f"pin_test_{uuid.uuid4().hex[:10]}", f"scram-{secrets.token_urlsafe(18)}")
-    credential = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
-    admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
-        made.name, credential, made.password.encode())])[made.name].result(timeout=30)
-    try:
-        yield made
-    finally:
-        try:
-            revoke(admin, made)
-        finally:
-            admin.alter_user_scram_credentials([UserScramCredentialDeletion(
-                made.name, ScramMechanism.SCRAM_SHA_512)])[made.name].result(timeout=30)
+    """A fresh SCRAM-SHA-512 user (`scram_user`); its ACLs and the user removed at the end."""
+    with scram_user(kafka_cluster) as user:
+        yield Principal(user.name, user.password)
 
 
 def acls_of(admin: AdminClient, who: Principal) -> set[AclBinding]:
-    found = admin.describe_acls(AclBindingFilter(
-        ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{who.name}", None,
-        AclOperation.ANY, AclPermissionType.ANY)).result(timeout=30)
-    return set(found)
-
-
-def revoke(admin: AdminClient, who: Principal) -> None:
-    for future in admin.delete_acls([AclBindingFilter(
-            ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{who.name}", None,
-            AclOperation.ANY, AclPermissionType.ANY)]).values():
-        future.result(timeout=30)
+    return set(admin.describe_acls(every_acl_of(who.name)).result(timeout=30))
 
 
 def grant(cluster: KafkaCluster, who: Principal, acls: set[AclBinding]) -> None:
