@@ -8,7 +8,9 @@ and tests/acceptance/test_relay_process.py."""
 import json
 import logging
 import signal
+import uuid
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -34,10 +36,13 @@ from tests.support.kafka_support import (
 from tests.support.ledger import AS_OF
 from tests.support.partitioner import partition_of
 from tests.support.relay_support import (
+    BASE_TIME,
     as_relay,
     assert_sent_as_stored,
     first_seen_order,
+    insert_outbox,
     interleaved_rows,
+    outbox_state,
     relay_settings,
     standby_takeover,
     stored_rows,
@@ -185,6 +190,38 @@ def test_the_loop_publishes_what_is_written_while_it_runs_and_stops_on_sigterm(
     assert [e["topic"] for e in lines if e["event"] == "topic keeps what it acknowledges"] == [topic]
     records = read_topic(kafka_cluster.bootstrap_servers, topic)
     assert first_seen_order(records) == written_order({**before, **after})
+
+
+def test_a_row_naming_a_topic_off_the_allowlist_is_parked_and_nothing_reaches_that_topic(
+    transactional_db: None, kafka_cluster: KafkaCluster, real_topic: TopicMaker
+) -> None:
+    """OUTBOX_TOPICS on Apache Kafka itself: the relay's principal may write both topics (the
+    plaintext listener's super user), and a row names the one OUTBOX_TOPICS does not: the pass
+    parks it (exit 1, one line), publishes every other owner's rows, holds the row behind it,
+    and the other topic stays empty."""
+    topic, other = real_topic(), real_topic()
+    key = str(uuid.uuid4())
+    written = interleaved_rows(keys=5, per_key=2, topic=topic)
+    foreign = insert_outbox(key, created_at=BASE_TIME + timedelta(seconds=1), topic=other)
+    behind = insert_outbox(key, created_at=BASE_TIME + timedelta(seconds=2), seq=1, topic=topic)
+
+    done = run_relay(durable_relay_env(kafka_cluster, topic))
+
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "0 failed, 1 parked: a parked message waits for an operator (manage.py requeue_outbox)")
+    [parked] = [json.loads(ln) for ln in done.stderr.splitlines() if ln.startswith('{"ts"')
+                and json.loads(ln)["event"] == "message parked, its topic is not on OUTBOX_TOPICS"]
+    assert (parked["message_id"], parked["topic"]) == (str(foreign.id), other)
+    state = {r["id"]: r for r in outbox_state()}
+    assert state[foreign.id]["parked_at"] is not None and state[foreign.id]["attempts"] == 0
+    assert state[foreign.id]["last_error"] == (
+        f"topic {other!r} is not on OUTBOX_TOPICS ({topic}): never sent, parked")
+    assert state[behind.id]["published_at"] is None  # behind the parked row, as order wants
+    assert read_topic(kafka_cluster.bootstrap_servers, other, timeout=30) == []
+    records = read_topic(kafka_cluster.bootstrap_servers, topic)
+    assert first_seen_order(records) == written_order(written)
+    assert len(records) == 10
 
 
 # --- the durability check reads the real DescribeConfigs ----------------------------------
