@@ -297,18 +297,21 @@ def test_a_principal_without_describe_configs_publishes_with_durability_unverifi
 # --- the audit ------------------------------------------------------------------------------
 
 
-def audit_env(cluster: KafkaCluster, who: Principal) -> dict[str, str]:
-    return command_env(AUDITOR_ROLE, KAFKA_BOOTSTRAP_SERVERS=cluster.sasl_ssl_bootstrap_servers,
+def audit_env(cluster: KafkaCluster, who: Principal, topic: str) -> dict[str, str]:
+    return command_env(AUDITOR_ROLE, OUTBOX_TOPICS=topic,
+                       KAFKA_BOOTSTRAP_SERVERS=cluster.sasl_ssl_bootstrap_servers,
                        KAFKA_SECURITY_PROTOCOL="SASL_SSL", KAFKA_SASL_MECHANISM=SCRAM,
                        KAFKA_SASL_USERNAME=who.name, KAFKA_SASL_PASSWORD=who.password,
                        KAFKA_SSL_CA_LOCATION=str(cluster.ca_location))
 
 
-def run_audit(cluster: KafkaCluster, who: Principal, at: datetime) -> tuple[int, str, str]:
-    """`audit_reminders --against-topic` over two minutes around `at`, as `who`."""
+def run_audit(cluster: KafkaCluster, who: Principal, topic: str,
+              at: datetime) -> tuple[int, str, str]:
+    """`audit_reminders --against-topic` over two minutes around `at`, as `who`, `topic` the
+    relay's (OUTBOX_TOPICS)."""
     done = run_command("audit_reminders", "--against-topic", "--format", "json",
                        "--as-of", (at + timedelta(minutes=1)).isoformat(), "--since", "2m",
-                       "--kafka-timeout", "30s", env=audit_env(cluster, who), timeout=120)
+                       "--kafka-timeout", "30s", env=audit_env(cluster, who, topic), timeout=120)
     return done.returncode, done.stdout, done.stderr
 
 
@@ -342,7 +345,7 @@ def test_the_audit_reads_the_topic_with_exactly_the_documented_acls(
     granted = grant_as_documented(kafka_cluster, principal, AUDIT, topic, tmp_path)
     grant_the_reminders_topic(kafka_cluster, principal, granted)
 
-    code, out, err = run_audit(kafka_cluster, principal, at)
+    code, out, err = run_audit(kafka_cluster, principal, topic, at)
 
     # The hand-made events have no ledger behind them and waited two days: the database's
     # checks say so (exit 1). The topic's is this test's.
@@ -370,7 +373,7 @@ def test_the_audit_without_one_of_its_documented_acls_is_refused_in_one_line(
     grant_the_reminders_topic(kafka_cluster, principal,
                               without(documented_acls(principal, AUDIT, topic), operation))
 
-    code, out, err = run_audit(kafka_cluster, principal, at)
+    code, out, err = run_audit(kafka_cluster, principal, topic, at)
 
     # Not an empty topic (every event "missing"), not "unavailable" (exit 3): refused, exit 2.
     assert code == 2, out + err

@@ -10,11 +10,12 @@ import logging
 import signal
 import uuid
 from collections import Counter
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource
+from django.db import connection
 
 from devtools.kafka_cluster import KafkaCluster
 from devtools.topic import Record, read_topic
@@ -133,7 +134,8 @@ def test_the_audit_is_clean_against_the_real_topic(
                                       topics=frozenset({topic}))
             assert Relay(settings).run_pass().published == 5
         with topic_reader(kafka_cluster, topic) as kafka_env:
-            done = audit_command("--against-topic", "--format", "json", **kafka_env)
+            done = audit_command("--against-topic", "--format", "json", OUTBOX_TOPICS=topic,
+                                 **kafka_env)
 
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
@@ -142,6 +144,45 @@ def test_the_audit_is_clean_against_the_real_topic(
         c["name"]: "clean" for c in report["checks"]}
     [checked] = [c for c in report["checks"] if c["name"] == "topic"]
     assert checked["examined"] == {"published_events": 5, "records": 5, "partitions": PARTITIONS}
+
+
+@pytest.mark.slow
+def test_the_audit_lists_a_row_off_the_allowlist_and_reads_the_relay_s_topics_only(
+    run: CycleRunner, documents: Documents, kafka_cluster: KafkaCluster, real_topic: TopicMaker
+) -> None:
+    """A row naming a topic OUTBOX_TOPICS does not, parked by the relay: the audit lists it
+    (`parked_off_allowlist`, with its topic) and reconciles the relay's topic alone. Its user
+    may not describe the other topic, which it would take for a refusal (exit 2) had it
+    followed the row there."""
+    topic, other = real_topic(), real_topic()
+    some_documents(documents)
+    loop_cycle(run)
+
+    with rows_sent_to(topic):
+        foreign = insert_outbox("owner-writing-elsewhere", created_at=datetime.now(UTC),
+                                topic=other, payload={"ownerUserId": "owner-writing-elsewhere"})
+        with as_relay():
+            settings = relay_settings(kafka_cluster.bootstrap_servers, allow_undurable_topic=False,
+                                      topics=frozenset({topic}))
+            stats = Relay(settings).run_pass()
+        with topic_reader(kafka_cluster, topic) as kafka_env:
+            done = audit_command("--against-topic", "--format", "json", OUTBOX_TOPICS=topic,
+                                 **kafka_env)
+    with connection.cursor() as cursor:  # the operator's way with it (and no contract event)
+        cursor.execute("delete from outbox_messages where id = %s", [foreign.id])
+
+    assert (stats.published, stats.parked) == (5, 1)
+    assert done.returncode == 1, done.stderr
+    report = json.loads(done.stdout)
+    assert report["findings"] == 1, report
+    [parked] = [c for c in report["checks"] if c["name"] == "parked"]
+    assert [(f["code"], f["count"]) for f in parked["findings"]] == [("parked_off_allowlist", 1)]
+    assert [(i["event"], i["topic"]) for i in parked["findings"][0]["ids"]] == [
+        (str(foreign.id), other)]
+    [checked] = [c for c in report["checks"] if c["name"] == "topic"]
+    assert checked["status"] == "clean"
+    assert checked["examined"] == {"published_events": 5, "records": 5, "partitions": PARTITIONS}
+    assert read_topic(kafka_cluster.bootstrap_servers, other, timeout=30) == []
 
 
 @pytest.mark.slow
