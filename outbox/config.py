@@ -138,11 +138,9 @@ def parse_topics(name: str, raw: str) -> frozenset[str]:
     return frozenset(parts)
 
 
-def topic_refused(topic: str, allowed: frozenset[str]) -> str | None:
-    """Why the relay does not send a row naming `topic` (None: it is on the allowlist); the
-    error a parked row keeps (`last_error`)."""
-    if topic in allowed:
-        return None
+def off_allowlist_error(topic: str, allowed: frozenset[str]) -> str:
+    """Why the relay does not send a row naming `topic`, a topic not in `allowed`: the error
+    the parked row keeps (`last_error`)."""
     return (f"topic {topic!r} is not on {TOPICS_VAR} ({', '.join(sorted(allowed))}): "
             "never sent, parked")
 

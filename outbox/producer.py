@@ -21,7 +21,7 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outbox import kafka, metrics
-from outbox.config import RelaySettings, topic_refused
+from outbox.config import RelaySettings, off_allowlist_error
 from outbox.kafka_errors import (
     PRODUCER_STATE_CODES,
     describe,
@@ -356,7 +356,7 @@ class RelayProducer:
             if message.held:
                 continue
             if off_topics and message.key in off_topics:
-                batch.off_allowlist[message.key] = topic_refused(message.topic, allowed) or ""
+                batch.off_allowlist[message.key] = off_allowlist_error(message.topic, allowed)
                 continue
             if careful and self._sent_patiently(message, batch, unsendable):
                 continue
