@@ -43,6 +43,9 @@ class AuditOptions:
     # an owner whose event is this full had the rest of its due documents left for the next cycle
     max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT
     topic_reader: TopicReader | None = None  # --against-topic
+    # OUTBOX_TOPICS, the relay's allowlist: a parked event off it is a finding of its own, and
+    # --against-topic reads no other topic (but the contract's)
+    topics: frozenset[str] = frozenset({events.TOPIC})
 
 
 def run_audit(options: AuditOptions, using: str = "default") -> AuditReport:
@@ -165,9 +168,11 @@ def check_relay_waits(using: str, options: AuditOptions, since: datetime,
 
 
 def check_parked(using: str, options: AuditOptions) -> CheckResult:
-    row = store.parked(using)
-    return CheckResult.of("parked", "no parked event", {"parked": len(row.parked)}, [
+    row = store.parked(using, options.topics)
+    examined = {"parked": len(row.parked) + len(row.parked_off_allowlist)}
+    return CheckResult.of("parked", "no parked event", examined, [
         Finding.listed(findings.PARKED, row.parked, options.limit),
+        Finding.listed(findings.PARKED_OFF_ALLOWLIST, row.parked_off_allowlist, options.limit),
     ])
 
 
@@ -177,7 +182,10 @@ def check_topic(options: AuditOptions, since: datetime, table: list[TopicEvent],
                 using: str) -> CheckResult:
     reader = options.topic_reader
     assert reader is not None  # noqa: S101 - run_audit calls it only with one
-    topics = sorted({e.topic for e in table} | {events.TOPIC})
+    # Only the relay's topics: a row may name any topic (it is then parked, never sent), and the
+    # audit must not follow it there (its ACLs would refuse it, or strangers' records show).
+    topics = sorted(({e.topic for e in table} & options.topics) | {events.TOPIC})
+    table = [e for e in table if e.topic in topics]
     records = reader.read(topics, since, options.as_of)
 
     def in_table(ids: list[str]) -> set[str]:

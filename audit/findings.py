@@ -76,6 +76,13 @@ PARKED = Code(
     "parked", "parked",
     "the relay gave up on an event after its attempts: it and its key's later events wait",
     "fix the cause in last_error, then manage.py requeue_outbox")
+PARKED_OFF_ALLOWLIST = Code(
+    "parked_off_allowlist", "parked",
+    "a parked event whose topic is not on OUTBOX_TOPICS: the relay never sent it; the worker "
+    "writes only the contract's topic, so someone wrote it with the worker's credentials, or "
+    "the relay lacks a topic it should serve",
+    "find the writer; add a legitimate topic to OUTBOX_TOPICS and manage.py requeue_outbox, "
+    "otherwise delete the row as the table owner")
 MISSING_FROM_TOPIC = Code(
     "missing_from_topic", "topic",
     "the table says published, the topic has no record with that message_id",
@@ -100,7 +107,7 @@ OUT_OF_ORDER = Code(
 # Every code, by check, in the order the checks run and print.
 CODES: tuple[Code, ...] = (
     MARKER_WITHOUT_EVENT, EVENT_WITHOUT_MARKER, NOTIFIED_TWICE, ALREADY_QUEUED, LEFT_BEHIND,
-    POSITION_OF_ANOTHER_CLUSTER, POSITION_AHEAD, WAITED_TOO_LONG, PARKED,
+    POSITION_OF_ANOTHER_CLUSTER, POSITION_AHEAD, WAITED_TOO_LONG, PARKED, PARKED_OFF_ALLOWLIST,
     MISSING_FROM_TOPIC, UNKNOWN_ON_TOPIC, DUPLICATED_ON_TOPIC, OUT_OF_ORDER,
 )
 

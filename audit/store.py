@@ -69,6 +69,7 @@ class RelayWaits:
 @dataclass(frozen=True, slots=True)
 class Parked:
     parked: Ids
+    parked_off_allowlist: Ids
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +131,9 @@ def relay_waits(using: str, *, since: datetime, until: datetime, now: datetime,
                 {"since": since, "until": until, "now": now, "bound": bound})
 
 
-def parked(using: str) -> Parked:
-    return _one(using, "parked", Parked, {})
+def parked(using: str, topics: frozenset[str]) -> Parked:
+    """The parked events, those whose topic is not on `topics` (the relay's allowlist) apart."""
+    return _one(using, "parked", Parked, {"topics": sorted(topics)})
 
 
 def window_events(using: str, *, since: datetime, until: datetime) -> list[TopicEvent]:

@@ -232,6 +232,7 @@ class RelayJob:
     bootstrap: str
     batch: BatchSpec
     linger_ms: int
+    topic: str  # a fresh one per line: the relay's allowlist (OUTBOX_TOPICS) names it
 
 
 def _relay_process(job: RelayJob, ready: Any, start: Any, results: Any) -> None:
@@ -248,7 +249,8 @@ def _relay_process(job: RelayJob, ready: Any, start: Any, results: Any) -> None:
     from outbox.relay import Relay
 
     settings = job.batch.settings(bootstrap_servers=job.bootstrap,
-                                  linger=timedelta(milliseconds=job.linger_ms))
+                                  linger=timedelta(milliseconds=job.linger_ms),
+                                  topics=frozenset({job.topic}))
     relay = Relay(settings)
     raw_connection("default")
     relay.connect()
@@ -275,7 +277,7 @@ def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, b
     _fresh_outbox(messages, topic, using)
     context = multiprocessing.get_context("spawn")
     ready, start, results = context.Semaphore(0), context.Event(), context.Queue()
-    job = RelayJob(_database_url(using), bootstrap, batch, linger_ms)
+    job = RelayJob(_database_url(using), bootstrap, batch, linger_ms, topic)
     processes = [context.Process(target=_relay_process, args=(job, ready, start, results))
                  for _ in range(relays)]
     for process in processes:
@@ -304,13 +306,15 @@ def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, b
                        batch.label, os.getloadavg()[0])
 
 
-def relay_environ(database_url: str, bootstrap: str, batch: BatchSpec, *,
+def relay_environ(database_url: str, bootstrap: str, batch: BatchSpec, topic: str, *,
                   drop: tuple[str, ...] = ("OUTBOX_", "KAFKA_")) -> dict[str, str]:
     """This process's environment for a relay process of its own: none of its variables
-    that start with `drop`, the database and the brokers given, `batch`'s read sizes."""
+    that start with `drop`, the database and the brokers given, `batch`'s read sizes, and
+    `topic` the one the relay may publish to (OUTBOX_TOPICS)."""
     environ = {name: value for name, value in os.environ.items() if not name.startswith(drop)}
     environ.update(DATABASE_URL=database_url, KAFKA_BOOTSTRAP_SERVERS=bootstrap,
-                   DJANGO_SETTINGS_MODULE="pin_profile.settings", **batch.environ())
+                   DJANGO_SETTINGS_MODULE="pin_profile.settings", OUTBOX_TOPICS=topic,
+                   **batch.environ())
     return environ
 
 
@@ -322,7 +326,7 @@ def measure_pass(messages: list[BenchMessage], bootstrap: str, topic: str, *, ba
     Python's and Django's start-up, the broker and topic checks, the summary and the prune
     included. Its peak RSS is its own (bench.peak_rss)."""
     _fresh_outbox(messages, topic, using)
-    environ = relay_environ(_database_url(using), bootstrap, batch)
+    environ = relay_environ(_database_url(using), bootstrap, batch, topic)
     environ.pop("LOG_LEVEL", None)  # the relay's default logging, to a file
     if linger_ms != 5:
         environ["OUTBOX_LINGER"] = f"{linger_ms}ms"

@@ -53,11 +53,12 @@ class Latency:
     load_1m: float
 
 
-def _relay_loop(url: str, bootstrap: str, batch: "BatchSpec",
+def _relay_loop(url: str, bootstrap: str, batch: "BatchSpec", topic: str,
                 log: Path) -> subprocess.Popen[str]:
     from bench.relay_bench import relay_environ
 
-    environ = relay_environ(url, bootstrap, batch, drop=("OUTBOX_", "KAFKA_", "METRICS_"))
+    environ = relay_environ(url, bootstrap, batch, topic,
+                            drop=("OUTBOX_", "KAFKA_", "METRICS_"))
     with log.open("w") as output:
         return subprocess.Popen([sys.executable, "manage.py", "publish_outbox", "--loop"],
                                 cwd=ROOT, env=environ, stdout=output, stderr=subprocess.STDOUT,
@@ -93,7 +94,8 @@ def measure_latency(shape: str, batch: "BatchSpec", bootstrap: str, topic: str, 
     with connection.cursor() as cursor:
         cursor.execute("truncate outbox_messages")
     with tempfile.TemporaryDirectory(prefix="relay-latency-") as scratch:
-        relay = _relay_loop(_database_url("default"), bootstrap, batch, Path(scratch) / "log")
+        relay = _relay_loop(_database_url("default"), bootstrap, batch, topic,
+                            Path(scratch) / "log")
         try:
             _wait_until_leading(relay, Path(scratch) / "log", start_s)
             started = time.monotonic()

@@ -3,6 +3,7 @@ core.config before any database or Kafka work: a bad value raises ConfigError na
 
 import json
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,12 @@ from outbox.read_size import MIN_READ_ROWS, ReadSize
 BOOTSTRAP_VAR = "KAFKA_BOOTSTRAP_SERVERS"
 PROPERTIES_VAR = "KAFKA_PRODUCER_CONFIG"
 ALLOW_UNDURABLE_VAR = "OUTBOX_ALLOW_UNDURABLE_TOPIC"
+TOPICS_VAR = "OUTBOX_TOPICS"
+# The contract's topic (reminders.events.TOPIC; the outbox does not import the worker's app, and
+# tests/unit/test_relay_config.py checks that the two agree).
+CONTRACT_TOPIC = "pin.profile.document-expiry-reminders.v1"
+# A name Kafka takes for a topic: its legal characters, at most 249 of them, not "." or "..".
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 # PLAIN over SASL_PLAINTEXT sends the password as it is: refused unless this names PLAIN, and
@@ -97,6 +104,9 @@ class RelaySettings(Settings):
     # Publish to a topic that may lose what it acknowledged (outbox.topic): a single-broker
     # development setup only.
     allow_undurable_topic: bool = False
+    # The only topics the relay publishes to (OUTBOX_TOPICS): a row naming another is parked,
+    # never sent (docs/operations.md, "Security").
+    topics: frozenset[str] = frozenset({CONTRACT_TOPIC})
 
     def read_size(self) -> ReadSize:
         """The stream's read size for these settings: from `batch_size_min` (at most
@@ -116,6 +126,25 @@ def parse_bootstrap(name: str, raw: str) -> str:
     return ",".join(parts)
 
 
+def parse_topics(name: str, raw: str) -> frozenset[str]:
+    """`topic[,topic...]`: each a name Kafka takes for a topic; duplicates are one."""
+    parts = [p.strip() for p in raw.split(",")]
+    if raw.strip() == "" or any(p == "" for p in parts):
+        raise ConfigError(name, f"expected topic[,topic...], got {raw!r}")
+    for part in parts:
+        if not _TOPIC_NAME.fullmatch(part) or part in {".", ".."}:
+            raise ConfigError(name, f"{part!r} is not a Kafka topic name (letters, digits, "
+                                    "'.', '_' and '-', at most 249)")
+    return frozenset(parts)
+
+
+def off_allowlist_error(topic: str, allowed: frozenset[str]) -> str:
+    """Why the relay does not send a row naming `topic`, a topic not in `allowed`: the error
+    the parked row keeps (`last_error`)."""
+    return (f"topic {topic!r} is not on {TOPICS_VAR} ({', '.join(sorted(allowed))}): "
+            "never sent, parked")
+
+
 # variable -> (settings field, parser): every OUTBOX_* the relay reads.
 VARIABLES: dict[str, tuple[str, Parser[Any]]] = {
     BOOTSTRAP_VAR: ("bootstrap_servers", parse_bootstrap),
@@ -132,6 +161,7 @@ VARIABLES: dict[str, tuple[str, Parser[Any]]] = {
     "OUTBOX_OUTAGE_LOG_INTERVAL": ("outage_log_interval", parse_duration),
     "OUTBOX_STATISTICS_INTERVAL": ("statistics_interval", parse_duration),
     ALLOW_UNDURABLE_VAR: ("allow_undurable_topic", parse_flag),
+    TOPICS_VAR: ("topics", parse_topics),
 }
 # librdkafka takes statistics.interval.ms up to a day.
 MAX_STATISTICS_INTERVAL = timedelta(days=1)

@@ -12,17 +12,21 @@ BACKLOG_RUNBOOK = "docs/runbooks/outbox-backlog.md"
 
 def failure_line(stats: RelayStats, backlog: Backlog, *, stopped: bool, stood_by_too_long: bool,
                  holder: LockHolder | None, delivery_timeout: timedelta) -> str | None:
-    """The first of: rows released, failed or deferred; the stream held back past the bound; a
+    """The first of: rows released, failed, deferred or parked (a row whose topic is not on
+    OUTBOX_TOPICS is parked without a failed delivery); the stream held back past the bound; a
     pass that stood by while rows waited past its bound (`stood_by_too_long`, outbox.stood_by;
     `holder`: the session holding the relays' lock, if still held); a broker that did not
     answer. None when none of these, or when the pass was stopped by a signal (the rest waits)."""
     if stopped:
         return None
-    if stats.released or stats.failed or stats.deferred:
+    if stats.released or stats.failed or stats.deferred or stats.parked:
+        again = stats.released or stats.failed or stats.deferred
         return (f"not everything was delivered: {stats.released} released (broker unavailable), "
                 f"{stats.failed} failed, {stats.parked} parked"
                 + (f", {stats.deferred} deferred (a partition unavailable)" if stats.deferred
-                   else "") + "; run again")
+                   else "")
+                + ("; run again" if again
+                   else ": a parked message waits for an operator (manage.py requeue_outbox)"))
     if stats.held_for_s:
         return (f"{backlog.unpublished} message(s) still unpublished: the stream is held back by "
                 f"a transaction open on the database server for {stats.held_for_s:.0f}s or more "

@@ -21,7 +21,7 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outbox import kafka, metrics
-from outbox.config import RelaySettings
+from outbox.config import RelaySettings, off_allowlist_error
 from outbox.kafka_errors import (
     PRODUCER_STATE_CODES,
     describe,
@@ -72,6 +72,8 @@ class Batch:
     unsent: set[str] = field(default_factory=set)
     # Keys of rows whose outcome is the patient producer's (sent there, or already on their way).
     patient: set[str] = field(default_factory=set)
+    # Rows not sent because their topic is not on OUTBOX_TOPICS, by key: why (they are parked).
+    off_allowlist: dict[str, str] = field(default_factory=dict)
 
     @property
     def keys(self) -> set[str]:
@@ -320,11 +322,15 @@ class RelayProducer:
                 return
 
     def produce_batch(self, read: Read, start: Position | None = None) -> Batch:
-        """Hand a batch's rows to the producer (a held stream row is not sent, nor a row its
-        partition cannot take now, by the topic's metadata: that one gets its error at once; a
-        row whose earlier attempt may be on the topic, and the probe of a partition that did
-        not answer in time, go to the patient producer)."""
-        unsendable = self.topics.admit(read.messages)
+        """Hand a batch's rows to the producer (a held stream row is not sent, nor a row whose
+        topic is not on OUTBOX_TOPICS: that one is parked, and its topic never looked at; nor a
+        row its partition cannot take now, by the topic's metadata: that one gets its error at
+        once; a row whose earlier attempt may be on the topic, and the probe of a partition that
+        did not answer in time, go to the patient producer)."""
+        allowed = self.settings.topics
+        off_topics = {m.key for m in read.messages if m.topic not in allowed}
+        unsendable = self.topics.admit([m for m in read.messages if m.key not in off_topics]
+                                       if off_topics else read.messages)
         producer = self.producer
         deadline = (time.monotonic() + self.settings.delivery_timeout.total_seconds()
                     + FLUSH_MARGIN_S)
@@ -348,6 +354,9 @@ class RelayProducer:
         careful = self.patient.busy  # rows the patient producer has, or must have
         for message in batch.read:
             if message.held:
+                continue
+            if off_topics and message.key in off_topics:
+                batch.off_allowlist[message.key] = off_allowlist_error(message.topic, allowed)
                 continue
             if careful and self._sent_patiently(message, batch, unsendable):
                 continue

@@ -244,7 +244,8 @@ class Relay:
         self._say(logging.INFO, "relay started", {
             "batch_size": self.settings.batch_size,
             "batch_size_min": self._reader.size.floor,
-            "poll_interval_s": self.settings.poll_interval.total_seconds()})
+            "poll_interval_s": self.settings.poll_interval.total_seconds(),
+            "topics": ",".join(sorted(self.settings.topics))})
         metrics.set_connected(False)  # until a delivery or the statistics show a broker up
         try:
             wakeup.listen()

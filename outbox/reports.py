@@ -2,7 +2,8 @@
 (docs/outbox-relay.md, "One batch").
 
 A row is delivered (no error reported, in a batch the producer acknowledged as a whole), held (a
-stream row behind its key's slow-lane head: never sent), refused (the broker will never take it
+stream row behind its key's slow-lane head: never sent), off the allowlist (its topic is not on
+OUTBOX_TOPICS: never sent, parked at once), refused (the broker will never take it
 as it is: an attempt is counted), deferred (its partition could not take it now while the
 cluster took others: it waits in the slow lane, no attempt counted), or unavailable (not
 acknowledged, or an error that says only that Kafka could not be reached: nothing is wrong with
@@ -34,6 +35,8 @@ class Reports:
     # in a batch the cluster otherwise took: they leave for the slow lane, no attempt counted.
     deferred: list[tuple[ReadMessage, KafkaError]] = field(default_factory=list)
     unavailable: list[ReadMessage] = field(default_factory=list)
+    # Rows never sent because their topic is not on OUTBOX_TOPICS, with why: parked at once.
+    off_allowlist: list[tuple[ReadMessage, str]] = field(default_factory=list)
     first_unavailable: KafkaError | None = None  # the first unavailable row's error, if any
 
     @property
@@ -45,6 +48,7 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
                  acked_at: float | None, read_at: float, stop_at_unavailable: bool,
                  unavailable: Callable[[KafkaError], bool] = broker_unavailable,
                  unsent: Collection[str] = (),
+                 off_allowlist: Mapping[str, str] | None = None,
                  cluster_answers: Callable[[], bool] = lambda: True) -> Reports:
     """Sort `messages` by the `errors` reported for them (by message key: a batch has one row
     per key) and the batch's acknowledgement (`acked_at`, monotonic; None: the batch was not
@@ -62,24 +66,29 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
     `unsent` (keys: kept back because the topic's metadata showed their partition unable to
     take them) are no answer of the cluster: a stream batch with nothing delivered stops before
     them as well, so that a topic whose every partition is short of in-sync replicas stops the
-    stream instead of detouring it row by row.
+    stream instead of detouring it row by row. Rows `off_allowlist` (keys: why) were never sent:
+    they are sorted apart, in their place, whatever the rest did.
 
     A row that timed out in this client (`local_timeout`) beside delivered rows may be a broker
     that died halfway through the batch, not its partition: the stream defers it only if
     `cluster_answers()` (asked then, once: a metadata request) says a broker answers now."""
     reports = Reports(settled=len(messages))
-    if acked_at is not None and not errors and not any(m.held for m in messages):
+    off_allowlist = off_allowlist or {}
+    if (acked_at is not None and not errors and not off_allowlist
+            and not any(m.held for m in messages)):
         reports.delivered = list(messages)  # the usual batch: every row delivered
     else:
         acked = acked_at is not None
-        sent = [m for m in messages if not m.held and m.key not in unsent]
+        sent = [m for m in messages
+                if not m.held and m.key not in unsent and m.key not in off_allowlist]
         answered = acked and (not stop_at_unavailable or any(m.key not in errors for m in sent))
         if answered and stop_at_unavailable and any(
                 partition_unavailable(e) and local_timeout(e)
                 for e in (errors[m.key] for m in sent if m.key in errors)):
             answered = cluster_answers()
         _sort_each(reports, messages, errors, acked=acked, defer=answered,
-                   stop_at_unavailable=stop_at_unavailable, unavailable=unavailable)
+                   stop_at_unavailable=stop_at_unavailable, unavailable=unavailable,
+                   off_allowlist=off_allowlist)
     if acked_at is not None and reports.delivered:
         since_read = acked_at - read_at
         clock_s = reports.delivered[0].clock_s  # one read: one clock
@@ -91,10 +100,14 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
 
 def _sort_each(reports: Reports, messages: Sequence[ReadMessage],
                errors: Mapping[str, KafkaError], *, acked: bool, defer: bool,
-               stop_at_unavailable: bool, unavailable: Callable[[KafkaError], bool]) -> None:
+               stop_at_unavailable: bool, unavailable: Callable[[KafkaError], bool],
+               off_allowlist: Mapping[str, str]) -> None:
     for index, message in enumerate(messages):
         if message.held:
             reports.detoured.append((message, None))
+            continue
+        if message.key in off_allowlist:
+            reports.off_allowlist.append((message, off_allowlist[message.key]))
             continue
         error = errors.get(message.key)
         if error is None and acked:

@@ -1,13 +1,15 @@
 """The slow lane (docs/outbox-relay.md, "The slow lane"): detoured rows delivered one per key at
 a time, each the oldest waiting row of its key, and marked published; an undeliverable row gets
 an attempt counted and a retry delay, and is parked after `max_attempts`; a row its partition
-could not take now gets its partition's retry delay and no attempt (it is never parked for it).
+could not take now gets its partition's retry delay and no attempt (it is never parked for it);
+a row whose topic is not on OUTBOX_TOPICS is never sent and parked at once.
 
 A row whose earlier attempt may already be on the topic goes to the patient producer, which is
 not waited for (outbox.patient): the lane records its report at a later turn, and meanwhile
 neither sends the row again nor lets its key's later rows by."""
 
 import time
+import uuid
 
 from outbox import metrics, store
 from outbox.patient import PatientReport
@@ -45,7 +47,8 @@ class SlowLane:
         self._producer.await_batch(batch)
         sent = [m for m in batch.read if m.key not in batch.patient]
         reports = sort_reports(sent, batch.errors, acked_at=batch.acked_at,
-                               read_at=batch.read_at, stop_at_unavailable=False)
+                               read_at=batch.read_at, stop_at_unavailable=False,
+                               off_allowlist=batch.off_allowlist)
         self._producer.record_patient(batch, reports, stream=False)
         outcome.merge(self._record(reports, batch.partitions, read=len(batch.read)))
         return outcome
@@ -85,6 +88,10 @@ class SlowLane:
         outcome.deferred = store.postpone(
             self.using, [store.Failure(i, *deferred) for i, deferred in deferrals.items()])
         outcome.parked = store.record_failures(self.using, failures, self.max_attempts)
+        off_allowlist = store.park(self.using, {m.id: why for m, why in reports.off_allowlist})
+        topics = {uuid.UUID(m.id): m.topic for m, _why in reports.off_allowlist}
+        outcome.parked += off_allowlist
+        outcome.off_allowlist = {i: topics[i] for i in off_allowlist}
         self._producer.batch_recorded(published=outcome.published, released=outcome.released,
                                       first_unavailable=reports.first_unavailable)
         return self._tally.account(outcome, lane="slow", max_attempts=self.max_attempts)

@@ -4,7 +4,7 @@ that no transaction is ever open across a Kafka call."""
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -72,12 +72,15 @@ class Failure:
 class Detour:
     """A stream row that leaves the stream for the slow lane: a failed delivery (its error and
     retry delay), a row its partition could not take now (its error and retry delay, no attempt
-    counted: `attempted` false), or a row held behind its key's head (no error: no attempt)."""
+    counted: `attempted` false), a row held behind its key's head (no error: no attempt), or a
+    row the relay does not send (`park`: its topic is not on OUTBOX_TOPICS; parked at once with
+    its error, no attempt counted)."""
 
     id: str  # the message id, as read
     error: str | None = None
     retry_in: timedelta = timedelta(0)
     attempted: bool = True  # with an error: count it as an attempt (a partition's outage: not)
+    park: bool = False
 
 
 class PositionMovedError(RuntimeError):
@@ -407,9 +410,10 @@ def advance(using: str, *, start: Position, end: Position, published: int,
             return []
         cur.execute(QUERIES["detour"], {
             "ids": [d.id for d in detours],
-            "attempted": [d.error is not None and d.attempted for d in detours],
+            "attempted": [d.error is not None and d.attempted and not d.park for d in detours],
             "errors": [None if d.error is None else d.error[:2000] for d in detours],
             "retry_in": [d.retry_in for d in detours],
+            "park": [d.park for d in detours],
             "max_attempts": max_attempts,
         })
         return [r[0] for r in cur.fetchall() if r[1]]
@@ -439,6 +443,17 @@ def record_failures(using: str, failures: Sequence[Failure], max_attempts: int) 
             },
         )
         return [r[0] for r in cur.fetchall() if r[1]]
+
+
+def park(using: str, errors: Mapping[str, str]) -> list[uuid.UUID]:
+    """Park slow-lane rows the relay does not send (id: why), no attempt counted; the ids
+    parked."""
+    if not errors:
+        return []
+    with server_cursor(using) as cur:
+        cur.execute(QUERIES["park"], {"ids": list(errors),
+                                      "errors": [e[:2000] for e in errors.values()]})
+        return [r[0] for r in cur.fetchall()]
 
 
 def prune_published(using: str, retention: timedelta, chunk: int) -> int:

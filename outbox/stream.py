@@ -12,6 +12,7 @@ that a head row its partition cannot take does not make every batch that one row
 
 import logging
 import threading
+import uuid
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -215,7 +216,7 @@ class StreamLane:
         self._producer.await_patient(batch)
         reports = sort_reports(batch.read, batch.errors, acked_at=batch.acked_at,
                                read_at=batch.read_at, stop_at_unavailable=True,
-                               unsent=batch.unsent,
+                               unsent=batch.unsent, off_allowlist=batch.off_allowlist,
                                cluster_answers=self._producer.cluster_answers)
         detours = [store.Detour(m.id) if error is None else
                    store.Detour(m.id, *self._retries.describe_refusal(m, error))
@@ -224,6 +225,8 @@ class StreamLane:
         deferrals = self._retries.describe_deferrals(reports.deferred, batch.partitions)
         detours += [store.Detour(m.id, *deferrals[m.id], attempted=False)
                     for m, _error in reports.deferred]
+        detours += [store.Detour(m.id, why, attempted=False, park=True)
+                    for m, why in reports.off_allowlist]
         recorded = reports.settled
         outcome = BatchOutcome(read=len(batch.read),  # the rows not recorded are read again
                                published=len(reports.delivered),
@@ -236,9 +239,12 @@ class StreamLane:
                                            published=outcome.published, detours=detours,
                                            max_attempts=self.max_attempts,
                                            leader_pid=self._leadership.leader_pid)
+            outcome.off_allowlist = {uuid.UUID(m.id): m.topic for m, _why in reports.off_allowlist
+                                     if uuid.UUID(m.id) in outcome.parked}
             if detoured_keys is not None and detours:
                 detoured_keys.update(m.key for m, _error in reports.detoured)
                 detoured_keys.update(m.key for m, _error in reports.deferred)
+                detoured_keys.update(m.key for m, _why in reports.off_allowlist)
         self._producer.record_patient(batch, reports, stream=True)
         if outcome.published or outcome.released:
             self._probe = (frozenset() if outcome.published

@@ -34,6 +34,8 @@ class BatchOutcome(Deliveries):
     """What one batch (or a run of batches) did."""
 
     parked: list[uuid.UUID] = field(default_factory=list)
+    # Of the parked, those whose topic is not on OUTBOX_TOPICS (never sent): id -> topic.
+    off_allowlist: dict[uuid.UUID, str] = field(default_factory=dict)
 
     @property
     def broker_unavailable(self) -> bool:
@@ -42,6 +44,7 @@ class BatchOutcome(Deliveries):
     def merge(self, other: "BatchOutcome") -> None:
         self.add_deliveries(other)
         self.parked.extend(other.parked)
+        self.off_allowlist.update(other.off_allowlist)
 
 
 @dataclass(slots=True)
@@ -80,10 +83,16 @@ class Tally:
         self.stats.add(outcome)
 
     def account(self, outcome: BatchOutcome, *, lane: str, max_attempts: int) -> BatchOutcome:
-        """Say and count what a recorded batch did (its parked rows had `max_attempts`)."""
+        """Say and count what a recorded batch did (its parked rows had `max_attempts`, or their
+        topic is not on OUTBOX_TOPICS)."""
         for message_id in outcome.parked:
-            self._emit(logging.ERROR, "message parked",
-                       {"message_id": message_id, "attempts": max_attempts})
+            topic = outcome.off_allowlist.get(message_id)
+            if topic is None:
+                self._emit(logging.ERROR, "message parked",
+                           {"message_id": message_id, "attempts": max_attempts})
+            else:
+                self._emit(logging.ERROR, "message parked, its topic is not on OUTBOX_TOPICS",
+                           {"message_id": message_id, "topic": topic})
         self._emit(logging.DEBUG, "batch done", {
             "lane": lane, "read": outcome.read, "published": outcome.published,
             "released": outcome.released, "failed": outcome.failed,

@@ -292,19 +292,30 @@ select (select count(*) from waits) as events,
        ) as waited_too_long;
 
 -- parked: every parked event (the relay gave up on it), oldest first, with its error and the rows
--- of its key held behind it (a JSON array)
-select coalesce(json_agg(json_build_object(
-           'event', p.id, 'key', p.message_key, 'attempts', p.attempts, 'parked', p.parked_at,
-           'error', p.last_error,
-           'held_behind', (select count(*) from outbox_messages b
-                           where b.message_key = p.message_key
-                             and b.detoured_at is not null
-                             and b.published_at is null
-                             and (b.txid, b.seq) > (p.txid, p.seq)))
-           order by p.parked_at, p.id), '[]') as parked
-from outbox_messages p
-where p.parked_at is not null
-  and p.published_at is null;
+-- of its key held behind it (a JSON array); apart, with their topic, those whose topic is not on
+-- the relay's allowlist (OUTBOX_TOPICS: the relay never sent them)
+with parked as materialized (
+    select p.id, p.message_key, p.topic, p.attempts, p.parked_at, p.last_error,
+           p.topic = any(%(topics)s::text[]) as allowed,
+           (select count(*) from outbox_messages b
+            where b.message_key = p.message_key
+              and b.detoured_at is not null
+              and b.published_at is null
+              and (b.txid, b.seq) > (p.txid, p.seq)) as held_behind
+    from outbox_messages p
+    where p.parked_at is not null
+      and p.published_at is null
+)
+select (select coalesce(json_agg(json_build_object(
+                   'event', p.id, 'key', p.message_key, 'attempts', p.attempts,
+                   'parked', p.parked_at, 'error', p.last_error, 'held_behind', p.held_behind)
+                   order by p.parked_at, p.id), '[]')
+        from parked p where p.allowed) as parked,
+       (select coalesce(json_agg(json_build_object(
+                   'event', p.id, 'key', p.message_key, 'topic', p.topic,
+                   'parked', p.parked_at, 'error', p.last_error, 'held_behind', p.held_behind)
+                   order by p.parked_at, p.id), '[]')
+        from parked p where not p.allowed) as parked_off_allowlist;
 
 -- window_events_for_topic: the events of the window as the topic should have them: id, key, topic,
 -- whether the table says published, in stream order (txid, seq) per key

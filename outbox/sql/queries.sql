@@ -94,18 +94,21 @@ values (%(upto_txid)s::xid8, %(upto_seq)s::bigint, %(published_at)s, %(messages)
 -- detour: rows of a batch that leave the stream for the slow lane: a failed delivery counts an
 -- attempt and waits its retry delay (parked once it has used its attempts), a row its partition
 -- could not take now (attempted false, an error) waits its retry delay without an attempt, a held
--- row (attempted false, no error) waits behind its key's head
+-- row (attempted false, no error) waits behind its key's head, a row the relay does not send
+-- (park: its topic is not on OUTBOX_TOPICS) is parked at once with its error, no attempt counted
 update outbox_messages m
 set detoured_at = now(),
     attempts = m.attempts + d.attempted::int,
     last_error = coalesce(d.error, m.last_error),
-    available_at = case when d.attempted and m.attempts + 1 < %(max_attempts)s
+    available_at = case when d.park then null
+                        when d.attempted and m.attempts + 1 < %(max_attempts)s
                           then now() + d.retry_in
                         when not d.attempted and d.error is not null
                           then now() + d.retry_in end,
-    parked_at = case when d.attempted and m.attempts + 1 >= %(max_attempts)s then now() end
+    parked_at = case when d.park or (d.attempted and m.attempts + 1 >= %(max_attempts)s)
+                     then now() end
 from unnest(%(ids)s::uuid[], %(attempted)s::bool[], %(errors)s::text[],
-            %(retry_in)s::interval[]) as d(id, attempted, error, retry_in)
+            %(retry_in)s::interval[], %(park)s::bool[]) as d(id, attempted, error, retry_in, park)
 where m.id = d.id
   and m.detoured_at is null
 returning m.id, m.parked_at is not null as parked;
@@ -190,6 +193,18 @@ from unnest(%(ids)s::uuid[], %(errors)s::text[], %(retry_in)s::interval[]) as f(
 where m.id = f.id
   and m.published_at is null
 returning m.id, m.parked_at is not null as parked;
+
+-- park: slow-lane rows the relay does not send as they are (their topic is not on OUTBOX_TOPICS):
+-- parked at once with the reason, no attempt counted (re-queued, they are looked at again)
+update outbox_messages m
+set last_error = p.error,
+    available_at = null,
+    parked_at = now()
+from unnest(%(ids)s::uuid[], %(errors)s::text[]) as p(id, error)
+where m.id = p.id
+  and m.published_at is null
+  and m.parked_at is null
+returning m.id;
 
 -- prune_published: delete one bounded chunk of rows published before the retention cutoff: stream
 -- rows behind the newest batch older than it, and slow-lane rows by their published_at (unpublished

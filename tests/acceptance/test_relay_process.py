@@ -219,7 +219,8 @@ def test_one_pass_with_no_broker_exits_1_and_keeps_every_row(transactional_db: N
 @pytest.mark.parametrize(
     ("variable", "value"),
     [("KAFKA_BOOTSTRAP_SERVERS", "nohost"), ("OUTBOX_BATCH_SIZE", "0"),
-     ("OUTBOX_RETENTION", "forever")],
+     ("OUTBOX_RETENTION", "forever"), ("OUTBOX_TOPICS", "pin.profile.*"),
+     ("OUTBOX_TOPICS", "")],
 )
 def test_bad_configuration_exits_2_with_one_line_naming_the_variable(
     transactional_db: None, variable: str, value: str

@@ -20,6 +20,7 @@ from audit.topic import TopicReader
 from audit.window import WindowError
 from core.roles import AUDITOR_ROLE
 from devtools.demo_data import PersonDocument
+from devtools.mock_kafka import MockKafkaCluster
 from outbox.relay import Relay
 from reminders import events
 from tests.acceptance.test_kafka_security import tls_env
@@ -285,6 +286,32 @@ def test_a_parked_event_is_listed_with_its_error(
     assert found(report) == {"parked": 1}
     [parked] = report.check("parked").findings[0].ids
     assert parked["event"] == str(bad.id) and parked["error"].startswith("INVALID_RECORD")
+
+
+def test_a_parked_event_off_the_topic_allowlist_is_a_finding_of_its_own(
+    transactional_db: None, kafka: MockKafkaCluster
+) -> None:
+    """A row naming a topic OUTBOX_TOPICS does not (written with the worker's credentials) is
+    parked by the relay and listed as `parked_off_allowlist`, with its topic, by the command
+    that reads the relay's OUTBOX_TOPICS; on the allowlist, it would be a plain `parked`."""
+    other = "pin.payments.transfers.v1"
+    row = insert_outbox("owner-writing-elsewhere", created_at=datetime.now(UTC), topic=other,
+                        payload={"ownerUserId": "owner-writing-elsewhere"})
+    with as_relay():
+        assert Relay(relay_settings(kafka.bootstrap_servers)).run_pass().parked == 1
+
+    done = audit_command("--format", "json")
+    off_list = audit_command("--format", "json", OUTBOX_TOPICS=f"{events.TOPIC},{other}")
+
+    assert done.returncode == 1, done.stderr
+    [parked] = [c for c in json.loads(done.stdout)["checks"] if c["name"] == "parked"]
+    assert parked["examined"] == {"parked": 1}
+    assert [(f["code"], f["count"]) for f in parked["findings"]] == [("parked_off_allowlist", 1)]
+    [listed] = parked["findings"][0]["ids"]
+    assert (listed["event"], listed["topic"]) == (str(row.id), other)
+    assert listed["error"].startswith(f"topic {other!r} is not on OUTBOX_TOPICS")
+    [allowed] = [c for c in json.loads(off_list.stdout)["checks"] if c["name"] == "parked"]
+    assert [(f["code"], f["count"]) for f in allowed["findings"]] == [("parked", 1)]
 
 
 @pytest.mark.slow

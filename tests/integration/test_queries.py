@@ -36,13 +36,13 @@ SAMPLE = {
     "retention": timedelta(days=7), "limit": 10, "all": False,
     "after_txid": "1", "after_seq": 0, "from_txid": "1", "from_seq": 0, "upto_txid": "2",
     "upto_seq": 5, "published_at": datetime(2026, 11, 29, 3, 0, tzinfo=UTC), "messages": 5,
-    "attempted": [True], "leader_pid": 1, "keys": ["k"],
+    "attempted": [True], "park": [False], "leader_pid": 1, "keys": ["k"],
     "lock": 1, "statement": "alter table outbox_messages add column x text",
     "until": datetime.now(UTC), "pruning_statuses": ["succeeded"], "pruned_before": "2026-08-31",
     "uuid_pattern": "^[0-9a-f-]{36}$", "started_at": datetime.now(UTC), "max_documents": 500,
     "now": datetime.now(UTC), "bound": timedelta(hours=26),
     "after_expiry": datetime(2026, 11, 29, 3, 0, tzinfo=UTC), "after_owner": uuid.uuid4(),
-    "page_owners": 10,
+    "page_owners": 10, "topics": ["t"],
 }
 # Every named query of the project, as "file stem: name".
 NAMED = {f"{path.parent.parent.name}/{path.stem}: {name}": sql

@@ -1,12 +1,14 @@
 """The relay when things go wrong: the broker away and back, a message that cannot be
 delivered, re-queueing it. (Its settings and error rules, pure, are in tests/unit.)"""
 
+import logging
 import threading
 import uuid
 from datetime import timedelta
 from io import StringIO
 
 import pytest
+from confluent_kafka.admin import AdminClient
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import connection
@@ -15,8 +17,10 @@ from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from outbox import store
 from outbox.relay import Relay
+from tests.integration.test_relay_topic import said
 from tests.support.relay_support import (
     BASE_TIME,
+    TOPIC,
     RelayThread,
     as_relay,
     first_seen_order,
@@ -27,6 +31,7 @@ from tests.support.relay_support import (
     relay_settings,
     unpublished_count,
     wait_for,
+    written_order,
 )
 
 
@@ -129,6 +134,60 @@ def test_a_poison_message_is_parked_while_other_keys_flow_and_holds_its_own_key(
     assert unpublished_count() == 0
     after = read_topic(kafka.bootstrap_servers)
     assert first_seen_order(after)[poison_key] == [str(poison.id), str(behind.id)]
+
+
+OTHER_TOPIC = "pin.payments.transfers.v1"
+
+
+def cluster_topics(bootstrap: str) -> set[str]:
+    """The topics the cluster has (listing them creates none)."""
+    return set(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics)
+
+
+def test_a_row_naming_a_topic_off_the_allowlist_is_parked_at_once_never_sent_and_holds_its_key(
+    transactional_db: None, kafka: MockKafkaCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The worker's role may write any topic into a row: the relay sends only to OUTBOX_TOPICS.
+    Such a row is parked in its place, in one pass (no attempt, no retry), other owners flow and
+    its own later rows wait behind it, as behind any parked row."""
+    key = str(uuid.uuid4())
+    others = interleaved_rows(keys=6, per_key=2)
+    foreign = insert_outbox(key, created_at=BASE_TIME + timedelta(seconds=1), topic=OTHER_TOPIC)
+    behind = insert_outbox(key, created_at=BASE_TIME + timedelta(seconds=2), seq=1)
+    later = interleaved_rows(keys=6, per_key=2)
+    settings = relay_settings(kafka.bootstrap_servers, batch_size=3)  # reads ahead, pipelined
+    refusal = (f"topic {OTHER_TOPIC!r} is not on OUTBOX_TOPICS ({TOPIC}): never sent, parked")
+
+    with as_relay(), caplog.at_level(logging.ERROR, logger="outbox.relay"):
+        stats = Relay(settings).run_pass()
+
+    assert (stats.parked, stats.failed) == (1, 0)
+    state = {r["id"]: r for r in outbox_state()}
+    assert state[foreign.id]["parked_at"] is not None
+    assert (state[foreign.id]["attempts"], state[foreign.id]["last_error"]) == (0, refusal)
+    assert state[behind.id]["published_at"] is None and state[behind.id]["parked_at"] is None
+    flowed = {**others, **later}
+    assert all(state[i]["published_at"] is not None for ids in flowed.values() for i in ids)
+    assert first_seen_order(read_topic(kafka.bootstrap_servers)) == written_order(flowed)
+    assert OTHER_TOPIC not in cluster_topics(kafka.bootstrap_servers)  # never even looked at
+    [line] = said(caplog, "message parked, its topic is not on OUTBOX_TOPICS")
+    assert (line["message_id"], line["topic"]) == (foreign.id, OTHER_TOPIC)
+    assert store.backlog("default").parked == 1
+
+    # Re-queued as it is, the slow lane parks it again at once; once the topic is on the
+    # allowlist it goes out, and the row behind it after it.
+    _call("requeue_outbox", "--id", str(foreign.id))
+    with as_relay():
+        assert Relay(settings).run_pass().parked == 1
+    assert {r["id"]: r for r in outbox_state()}[foreign.id]["last_error"] == refusal
+    assert OTHER_TOPIC not in cluster_topics(kafka.bootstrap_servers)
+    _call("requeue_outbox", "--id", str(foreign.id))
+    with as_relay():
+        Relay(settings.with_overrides(topics=frozenset({TOPIC, OTHER_TOPIC}))).run_pass()
+    assert unpublished_count() == 0
+    [sent] = read_topic(kafka.bootstrap_servers, OTHER_TOPIC)
+    assert sent.message_id == str(foreign.id)
+    assert first_seen_order(read_topic(kafka.bootstrap_servers))[key] == [str(behind.id)]
 
 
 def fix_payload(message_id: uuid.UUID) -> None:

@@ -32,7 +32,8 @@ def test_the_java_producer_puts_every_owner_on_the_partition_the_relay_chose(
 ) -> None:
     topic = real_topic()
     owners = list(bulk_rows(keys=OWNERS, per_key=1, topic=topic))
-    settings = relay_settings(kafka_cluster.bootstrap_servers, allow_undurable_topic=False)
+    settings = relay_settings(kafka_cluster.bootstrap_servers, allow_undurable_topic=False,
+                              topics=frozenset({topic}))
     with as_relay():
         assert Relay(settings).run_pass().published == OWNERS
 
@@ -72,7 +73,8 @@ def test_the_java_console_consumer_reads_the_relay_s_events_with_every_header(
         documents(expires_at=expiring_in(days))
     run(AS_OF)
     rows = stored_rows()
-    settings = relay_settings(kafka_cluster.bootstrap_servers, allow_undurable_topic=False)
+    settings = relay_settings(kafka_cluster.bootstrap_servers, allow_undurable_topic=False,
+                              topics=frozenset({topic}))
     with rows_sent_to(topic), as_relay():
         assert Relay(settings).run_pass().published == len(rows) == 4
 

@@ -22,16 +22,11 @@ from pathlib import Path
 import pytest
 from confluent_kafka.admin import (
     AclBinding,
-    AclBindingFilter,
     AclOperation,
     AclPermissionType,
     AdminClient,
     ResourcePatternType,
     ResourceType,
-    ScramCredentialInfo,
-    ScramMechanism,
-    UserScramCredentialDeletion,
-    UserScramCredentialUpsertion,
 )
 
 from core.roles import AUDITOR_ROLE
@@ -41,7 +36,7 @@ from reminders import events
 from tests.acceptance.test_relay_process import relay_env, run_relay
 from tests.conftest import command_env
 from tests.support.exported_metrics import scrape_process
-from tests.support.kafka_support import TopicMaker
+from tests.support.kafka_support import TopicMaker, every_acl_of, scram_user
 from tests.support.processes import run_command
 from tests.support.relay_support import insert_outbox, outbox_state, unpublished_count, wait_for
 
@@ -105,34 +100,13 @@ class Principal:
 
 @pytest.fixture
 def principal(kafka_cluster: KafkaCluster) -> Iterator[Principal]:
-    """A fresh SCRAM-SHA-512 user; its ACLs and the user removed at the end."""
-    admin = AdminClient(kafka_cluster.client_config())
-    made = Principal(f"pin_test_{uuid.uuid4().hex[:10]}", f"scram-{secrets.token_urlsafe(18)}")
-    credential = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 4096)
-    admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
-        made.name, credential, made.password.encode())])[made.name].result(timeout=30)
-    try:
-        yield made
-    finally:
-        try:
-            revoke(admin, made)
-        finally:
-            admin.alter_user_scram_credentials([UserScramCredentialDeletion(
-                made.name, ScramMechanism.SCRAM_SHA_512)])[made.name].result(timeout=30)
+    """A fresh SCRAM-SHA-512 user (`scram_user`); its ACLs and the user removed at the end."""
+    with scram_user(kafka_cluster) as user:
+        yield Principal(user.name, user.password)
 
 
 def acls_of(admin: AdminClient, who: Principal) -> set[AclBinding]:
-    found = admin.describe_acls(AclBindingFilter(
-        ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{who.name}", None,
-        AclOperation.ANY, AclPermissionType.ANY)).result(timeout=30)
-    return set(found)
-
-
-def revoke(admin: AdminClient, who: Principal) -> None:
-    for future in admin.delete_acls([AclBindingFilter(
-            ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{who.name}", None,
-            AclOperation.ANY, AclPermissionType.ANY)]).values():
-        future.result(timeout=30)
+    return set(admin.describe_acls(every_acl_of(who.name)).result(timeout=30))
 
 
 def grant(cluster: KafkaCluster, who: Principal, acls: set[AclBinding]) -> None:
@@ -180,9 +154,10 @@ def without(acls: set[AclBinding], operation: AclOperation) -> set[AclBinding]:
 # --- the relay ------------------------------------------------------------------------------
 
 
-def sasl_env(cluster: KafkaCluster, who: Principal, **extra: str) -> dict[str, str]:
-    """The relay's environment for SASL_SSL as `who`, through the documented variables."""
-    env = relay_env(cluster.sasl_ssl_bootstrap_servers, **{
+def sasl_env(cluster: KafkaCluster, who: Principal, topic: str, **extra: str) -> dict[str, str]:
+    """The relay's environment for SASL_SSL as `who`, through the documented variables, the
+    test's `topic` the one it may publish to."""
+    env = relay_env(cluster.sasl_ssl_bootstrap_servers, OUTBOX_TOPICS=topic, **{
         "KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_MECHANISM": SCRAM,
         "KAFKA_SASL_USERNAME": who.name, "KAFKA_SASL_PASSWORD": who.password,
         "KAFKA_SSL_CA_LOCATION": str(cluster.ca_location), "OUTBOX_DELIVERY_TIMEOUT": "15s",
@@ -230,7 +205,7 @@ def test_the_relay_logs_in_over_sasl_ssl_and_publishes_with_exactly_the_document
     granted = grant_as_documented(kafka_cluster, principal, RELAY, topic, tmp_path)
     written = write_rows(topic)
 
-    done = run_relay(sasl_env(kafka_cluster, principal))
+    done = run_relay(sasl_env(kafka_cluster, principal, topic))
 
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"Relay pass: {ROWS} published"), done.stdout
@@ -254,7 +229,7 @@ def test_a_wrong_password_is_refused_in_one_line_nothing_recorded_and_no_secret_
     grant(kafka_cluster, principal, documented_acls(principal, RELAY, topic))
     write_rows(topic)
     wrong = f"wrong-{secrets.token_urlsafe(12)}"
-    env = sasl_env(kafka_cluster, principal, KAFKA_SASL_PASSWORD=wrong,
+    env = sasl_env(kafka_cluster, principal, topic, KAFKA_SASL_PASSWORD=wrong,
                    OUTBOX_DELIVERY_TIMEOUT="30s")  # the default
 
     started = time.monotonic()
@@ -286,7 +261,7 @@ def test_a_principal_without_write_is_refused_in_one_line_and_nothing_recorded(
           without(documented_acls(principal, RELAY, topic), AclOperation.WRITE))
     write_rows(topic)
 
-    done = run_relay(sasl_env(kafka_cluster, principal))
+    done = run_relay(sasl_env(kafka_cluster, principal, topic))
 
     assert done.returncode == 1, done.stderr
     line = assert_refused_in_one_line(done.stderr, naming="CLUSTER_AUTHORIZATION_FAILED")
@@ -305,7 +280,7 @@ def test_a_principal_without_describe_configs_publishes_with_durability_unverifi
     log = tmp_path / "relay.log"
     unverified = f'profile_outbox_topic_durability{{state="unverified",topic="{topic}"}} 1.0'
 
-    scraped = scrape_process(["publish_outbox", "--loop"], sasl_env(kafka_cluster, principal),
+    scraped = scrape_process(["publish_outbox", "--loop"], sasl_env(kafka_cluster, principal, topic),
                              log, lambda text, _log: unverified in text
                              and unpublished_count() == 0)
 
@@ -322,18 +297,21 @@ def test_a_principal_without_describe_configs_publishes_with_durability_unverifi
 # --- the audit ------------------------------------------------------------------------------
 
 
-def audit_env(cluster: KafkaCluster, who: Principal) -> dict[str, str]:
-    return command_env(AUDITOR_ROLE, KAFKA_BOOTSTRAP_SERVERS=cluster.sasl_ssl_bootstrap_servers,
+def audit_env(cluster: KafkaCluster, who: Principal, topic: str) -> dict[str, str]:
+    return command_env(AUDITOR_ROLE, OUTBOX_TOPICS=topic,
+                       KAFKA_BOOTSTRAP_SERVERS=cluster.sasl_ssl_bootstrap_servers,
                        KAFKA_SECURITY_PROTOCOL="SASL_SSL", KAFKA_SASL_MECHANISM=SCRAM,
                        KAFKA_SASL_USERNAME=who.name, KAFKA_SASL_PASSWORD=who.password,
                        KAFKA_SSL_CA_LOCATION=str(cluster.ca_location))
 
 
-def run_audit(cluster: KafkaCluster, who: Principal, at: datetime) -> tuple[int, str, str]:
-    """`audit_reminders --against-topic` over two minutes around `at`, as `who`."""
+def run_audit(cluster: KafkaCluster, who: Principal, topic: str,
+              at: datetime) -> tuple[int, str, str]:
+    """`audit_reminders --against-topic` over two minutes around `at`, as `who`, `topic` the
+    relay's (OUTBOX_TOPICS)."""
     done = run_command("audit_reminders", "--against-topic", "--format", "json",
                        "--as-of", (at + timedelta(minutes=1)).isoformat(), "--since", "2m",
-                       "--kafka-timeout", "30s", env=audit_env(cluster, who), timeout=120)
+                       "--kafka-timeout", "30s", env=audit_env(cluster, who, topic), timeout=120)
     return done.returncode, done.stdout, done.stderr
 
 
@@ -344,7 +322,7 @@ def published_window(cluster: KafkaCluster, topic: str) -> datetime:
         microsecond=0)
     write_rows(topic, at=at)
     done = run_relay({**relay_env(cluster.bootstrap_servers),
-                      "OUTBOX_ALLOW_UNDURABLE_TOPIC": "off"})
+                      "OUTBOX_ALLOW_UNDURABLE_TOPIC": "off", "OUTBOX_TOPICS": topic})
     assert done.returncode == 0, done.stderr
     return at
 
@@ -367,7 +345,7 @@ def test_the_audit_reads_the_topic_with_exactly_the_documented_acls(
     granted = grant_as_documented(kafka_cluster, principal, AUDIT, topic, tmp_path)
     grant_the_reminders_topic(kafka_cluster, principal, granted)
 
-    code, out, err = run_audit(kafka_cluster, principal, at)
+    code, out, err = run_audit(kafka_cluster, principal, topic, at)
 
     # The hand-made events have no ledger behind them and waited two days: the database's
     # checks say so (exit 1). The topic's is this test's.
@@ -395,7 +373,7 @@ def test_the_audit_without_one_of_its_documented_acls_is_refused_in_one_line(
     grant_the_reminders_topic(kafka_cluster, principal,
                               without(documented_acls(principal, AUDIT, topic), operation))
 
-    code, out, err = run_audit(kafka_cluster, principal, at)
+    code, out, err = run_audit(kafka_cluster, principal, topic, at)
 
     # Not an empty topic (every event "missing"), not "unavailable" (exit 3): refused, exit 2.
     assert code == 2, out + err

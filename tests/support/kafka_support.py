@@ -15,6 +15,7 @@ import secrets
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -174,44 +175,68 @@ def config_command(cluster: KafkaCluster, *alter: str) -> None:
 AUDIT_GROUPS = "audit-reminders-"
 
 
+@dataclass(frozen=True)
+class ScramUser:
+    """A SCRAM-SHA-512 user of one test on the shared cluster."""
+
+    name: str
+    password: str = field(repr=False)
+
+
+def every_acl_of(name: str) -> AclBindingFilter:
+    """Every ACL that names User:`name`, whatever it allows or denies."""
+    return AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, f"User:{name}", None,
+                            AclOperation.ANY, AclPermissionType.ANY)
+
+
 @contextmanager
-def topic_reader(cluster: KafkaCluster, topic: str) -> Iterator[dict[str, str]]:
-    """Within: a SCRAM user of its own that may read `topic` and the contract's topic and nothing
-    else (READ and DESCRIBE on them, READ on the audit's groups), as KAFKA_* settings over
-    SASL_SSL. The audit always reads the contract's topic too, and takes a topic its ACLs hide
-    for a refusal; no test of the shared cluster publishes to it (each has a topic of its own),
-    so it holds nothing or does not exist. The other topics do not exist for this user.
-    Removed after."""
-    user, password = f"pin-test-{uuid.uuid4().hex[:12]}", secrets.token_urlsafe(18)
+def scram_user(cluster: KafkaCluster) -> Iterator[ScramUser]:
+    """Within: a fresh SCRAM-SHA-512 user of `cluster`, with no ACL; after: every ACL naming it
+    revoked, then the user removed (even if the revocation failed)."""
     admin = AdminClient(cluster.client_config())
+    user = ScramUser(f"pin_test_{uuid.uuid4().hex[:12]}", f"scram-{secrets.token_urlsafe(18)}")
     credential = ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, 8192)
     admin.alter_user_scram_credentials([UserScramCredentialUpsertion(
-        user, credential, password.encode())])[user].result(timeout=30)
-    allow = [(ResourceType.TOPIC, name, ResourcePatternType.LITERAL, operation)
-             for name in (topic, events.TOPIC)
-             for operation in (AclOperation.READ, AclOperation.DESCRIBE)]
-    allow += [(ResourceType.GROUP, AUDIT_GROUPS, ResourcePatternType.PREFIXED, AclOperation.READ)]
-    acls = [AclBinding(kind, name, pattern, f"User:{user}", "*", operation,
-                       AclPermissionType.ALLOW) for kind, name, pattern, operation in allow]
-    for future in admin.create_acls(acls).values():
-        future.result(timeout=30)
-    config = {**cluster.client_config("admin"), "sasl.username": user, "sasl.password": password}
+        user.name, credential, user.password.encode())])[user.name].result(timeout=30)
     try:
+        yield user
+    finally:
+        try:
+            for future in admin.delete_acls([every_acl_of(user.name)]).values():
+                future.result(timeout=30)
+        finally:
+            admin.alter_user_scram_credentials([UserScramCredentialDeletion(
+                user.name, ScramMechanism.SCRAM_SHA_512)])[user.name].result(timeout=30)
+
+
+@contextmanager
+def topic_reader(cluster: KafkaCluster, topic: str) -> Iterator[dict[str, str]]:
+    """Within: a SCRAM user of its own (`scram_user`) that may read `topic` and the contract's
+    topic and nothing else (READ and DESCRIBE on them, READ on the audit's groups), as KAFKA_*
+    settings over SASL_SSL. The audit always reads the contract's topic too, and takes a topic
+    its ACLs hide for a refusal; no test of the shared cluster publishes to it (each has a topic
+    of its own), so it holds nothing or does not exist. The other topics do not exist for this
+    user. Removed after."""
+    with scram_user(cluster) as user:
+        admin = AdminClient(cluster.client_config())
+        allow = [(ResourceType.TOPIC, name, ResourcePatternType.LITERAL, operation)
+                 for name in (topic, events.TOPIC)
+                 for operation in (AclOperation.READ, AclOperation.DESCRIBE)]
+        allow += [(ResourceType.GROUP, AUDIT_GROUPS, ResourcePatternType.PREFIXED,
+                   AclOperation.READ)]
+        acls = [AclBinding(kind, name, pattern, f"User:{user.name}", "*", operation,
+                           AclPermissionType.ALLOW) for kind, name, pattern, operation in allow]
+        for future in admin.create_acls(acls).values():
+            future.result(timeout=30)
+        config = {**cluster.client_config("admin"), "sasl.username": user.name,
+                  "sasl.password": user.password}
         for node in cluster.nodes:  # each broker knows the user and its ACLs before it is used
             wait_for(partial(_sees, config, node.sasl_ssl, topic), timeout=30,
                      what=f"broker {node.id} to let the new user describe {topic}")
         yield {"KAFKA_BOOTSTRAP_SERVERS": cluster.sasl_ssl_bootstrap_servers,
                "KAFKA_SECURITY_PROTOCOL": "SASL_SSL", "KAFKA_SASL_MECHANISM": SCRAM,
-               "KAFKA_SASL_USERNAME": user, "KAFKA_SASL_PASSWORD": password,
+               "KAFKA_SASL_USERNAME": user.name, "KAFKA_SASL_PASSWORD": user.password,
                "KAFKA_SSL_CA_LOCATION": str(cluster.ca_location)}
-    finally:
-        for future in admin.delete_acls(
-                [AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY,
-                                  f"User:{user}", None, AclOperation.ANY,
-                                  AclPermissionType.ANY)]).values():
-            future.result(timeout=30)
-        admin.alter_user_scram_credentials([UserScramCredentialDeletion(
-            user, ScramMechanism.SCRAM_SHA_512)])[user].result(timeout=30)
 
 
 def _sees(config: dict[str, Any], port: int, topic: str) -> bool:

@@ -33,6 +33,13 @@ def test_undelivered_rows_are_counted_and_deferred_ones_named_only_when_there_ar
         "4 deferred (a partition unavailable); run again")
 
 
+def test_a_pass_that_only_parked_rows_exits_1_and_sends_the_operator_to_requeue() -> None:
+    """A row whose topic is not on OUTBOX_TOPICS is parked without a failed delivery."""
+    assert _line(RelayStats(published=5, parked=1)) == (
+        "not everything was delivered: 0 released (broker unavailable), 0 failed, 1 parked: a "
+        "parked message waits for an operator (manage.py requeue_outbox)")
+
+
 def test_a_held_stream_says_how_many_wait_and_for_how_long() -> None:
     assert _line(RelayStats(held_for_s=61.4)) == (
         "7 message(s) still unpublished: the stream is held back by a transaction open on the "

@@ -7,8 +7,9 @@ import pytest
 
 from core.config import ConfigError
 from outbox import kafka
-from outbox.config import RelaySettings, load_relay_settings
+from outbox.config import RelaySettings, load_relay_settings, off_allowlist_error
 from outbox.kafka_log import RepeatFilter
+from reminders import events
 
 
 @pytest.mark.parametrize(
@@ -35,6 +36,13 @@ from outbox.kafka_log import RepeatFilter
         ({"OUTBOX_OUTAGE_LOG_INTERVAL": "every minute"}, "OUTBOX_OUTAGE_LOG_INTERVAL"),
         ({"OUTBOX_STATISTICS_INTERVAL": "0"}, "OUTBOX_STATISTICS_INTERVAL"),
         ({"OUTBOX_STATISTICS_INTERVAL": "2d"}, "OUTBOX_STATISTICS_INTERVAL"),
+        ({"OUTBOX_TOPICS": ""}, "OUTBOX_TOPICS"),
+        ({"OUTBOX_TOPICS": " , "}, "OUTBOX_TOPICS"),
+        ({"OUTBOX_TOPICS": "a,,b"}, "OUTBOX_TOPICS"),
+        ({"OUTBOX_TOPICS": "pin.profile.*"}, "OUTBOX_TOPICS"),
+        ({"OUTBOX_TOPICS": "two words"}, "OUTBOX_TOPICS"),
+        ({"OUTBOX_TOPICS": ".."}, "OUTBOX_TOPICS"),
+        ({"OUTBOX_TOPICS": "t" * 250}, "OUTBOX_TOPICS"),
     ],
 )
 def test_bad_configuration_names_the_variable(environ: dict[str, str], variable: str) -> None:
@@ -54,6 +62,17 @@ def test_configuration_defaults() -> None:
     assert (settings.batch_size, settings.batch_size_min) == (5000, 100)
     assert settings.outage_log_interval == timedelta(seconds=60)
     assert settings.statistics_interval == timedelta(seconds=15)
+    assert settings.topics == {events.TOPIC}  # the contract's topic, and no other
+
+
+def test_the_topic_allowlist_is_read_and_names_itself_in_a_refusal() -> None:
+    settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": "k:9092",
+                                    "OUTBOX_TOPICS": f" {events.TOPIC}, pin.other_topic-2 ,"
+                                                     f"{events.TOPIC}"})
+    assert settings.topics == {events.TOPIC, "pin.other_topic-2"}
+    assert off_allowlist_error("payments.v1\n", settings.topics) == (
+        "topic 'payments.v1\\n' is not on OUTBOX_TOPICS (pin.other_topic-2, "
+        f"{events.TOPIC}): never sent, parked")
 
 
 @pytest.mark.parametrize("claim_ttl", ["1s", "2m", "not a duration"])

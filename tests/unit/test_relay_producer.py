@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from outbox.config import RelaySettings
 from outbox.producer import Batch, EveryPartitionAble, RelayProducer
+from outbox.reports import sort_reports
 from outbox.store import Read, ReadMessage
 
 Report = Callable[[KafkaError | None, Any], None]
@@ -137,7 +138,8 @@ def harness(monkeypatch: pytest.MonkeyPatch) -> Iterator[Harness]:
     stop = threading.Event()
     settings = RelaySettings(bootstrap_servers="fake:9092",
                              delivery_timeout=timedelta(seconds=DELIVERY_TIMEOUT_S),
-                             shutdown_grace=timedelta(seconds=GRACE_S))
+                             shutdown_grace=timedelta(seconds=GRACE_S),
+                             topics=frozenset({"topic"}))
     relay = RelayProducer(settings, "relay-test", emit=lambda *_args: None, stop=stop)
     yield Harness(relay, made, clock, stop)
 
@@ -315,6 +317,38 @@ def test_a_row_the_topic_watch_finds_unsendable_is_not_produced_and_gets_its_err
     assert batch.unsent == {"b"}
     harness.relay.await_batch(batch)
     assert batch.acked_at is not None  # nothing of "b" is awaited
+
+
+def test_a_row_whose_topic_is_off_the_allowlist_is_neither_produced_nor_looked_at(
+    harness: Harness,
+) -> None:
+    """OUTBOX_TOPICS: a row naming another topic is set apart, never handed to the producer
+    nor to the topic watch (no metadata request for it), and sorted apart in its place."""
+    looked: list[str] = []
+
+    class Topics(EveryPartitionAble):
+        def admit(self, messages: list[ReadMessage]) -> dict[str, tuple[int, KafkaError]]:
+            looked.extend(m.topic for m in messages)
+            return {}
+
+    harness.relay.topics = Topics()
+    rows = [ReadMessage(str(n), n, f"id-{key}", topic, key, "{}", "{}", 0, 0.0, held, 0)
+            for n, (key, topic, held) in enumerate(
+                [("a", "topic", False), ("b", "elsewhere", False), ("c", "elsewhere", True)])]
+
+    batch = harness.relay.produce_batch(Read(rows, harness.clock.now), ("0", 0))
+    harness.relay.await_batch(batch)
+    reports = sort_reports(batch.read, batch.errors, acked_at=batch.acked_at,
+                           read_at=batch.read_at, stop_at_unavailable=True,
+                           off_allowlist=batch.off_allowlist)
+
+    assert set(harness.fake.in_flight) == set() and batch.sent == 1
+    assert looked == ["topic"]
+    why = "topic 'elsewhere' is not on OUTBOX_TOPICS (topic): never sent, parked"
+    assert batch.off_allowlist == {"b": why}
+    assert reports.settled == 3 and [m.key for m in reports.delivered] == ["a"]
+    assert [(m.key, reason) for m, reason in reports.off_allowlist] == [("b", why)]
+    assert [(m.key, error) for m, error in reports.detoured] == [("c", None)]  # held: behind
 
 
 def test_every_error_report_is_told_to_the_topic_watch_with_its_partition(

@@ -92,6 +92,7 @@ class Command(ProjectCommand):
             topic_reader=TopicReader(relay, timeout_s=parse_duration(
                 "--kafka-timeout", options["kafka_timeout"]).total_seconds())
             if options["against_topic"] else None,
+            topics=relay.topics,
         )
         every = (parse_duration("--every", options["every"]) if options["every"]
                  else settings.polling_interval)
