@@ -54,8 +54,8 @@ def test_a_refused_port_is_database_unreachable_with_host_and_port_and_no_passwo
         run = run_command("run_expiry_reminders", "--as-of", AS_OF_ARG,
                           env=_env(url))
         health = run_command("check_reminders_health", env=_env(url))
-        relay = run_command("publish_outbox", env=_env(
-            url, RELAY_ROLE, KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:9"))
+        relay = run_command("publish_outbox", env=_env(  # no broker: its wait, 2 s not 30 s
+            url, RELAY_ROLE, KAFKA_BOOTSTRAP_SERVERS="127.0.0.1:9", OUTBOX_DELIVERY_TIMEOUT="2s"))
 
     unreachable = (f'database unreachable: OperationalError: connection failed: connection to '
                    f'server at "127.0.0.1", port {port} failed: {REFUSED}')
