@@ -227,7 +227,7 @@ def test_the_durability_check_reads_the_real_configuration(
         assert unpublished_count() == 0
         assert len(read_topic(kafka_cluster.bootstrap_servers, topic)) == 5
         return
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 4, done.stderr
     said_lines = [ln for ln in done.stderr.strip().splitlines() if not ln.startswith('{"ts"')]
     assert len(said_lines) == 1, done.stderr
     assert said_lines[0].startswith(

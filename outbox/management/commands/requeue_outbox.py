@@ -6,7 +6,8 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from core.commands import EXIT_FAILED, ProjectCommand, usage_error
+from core.commands import ProjectCommand, usage_error
+from core.exit_codes import ExitCode
 from outbox import store
 
 
@@ -14,8 +15,10 @@ class Command(ProjectCommand):
     help = (
         "List the parked outbox rows (the relay gave up on them after OUTBOX_MAX_ATTEMPTS; each "
         "holds back the later rows of its key), or re-queue them with fresh attempts: --id ID "
-        "(repeatable) or --all. Exit codes: 0 done, 1 an --id was not parked, 2 usage."
+        "(repeatable) or --all."
     )
+    exit_notes = {ExitCode.FAILED: "an --id was not parked, or a database error",
+                  ExitCode.REFUSED: "a table or grant missing"}
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--id", action="append", default=[], metavar="MESSAGE_ID",
@@ -41,7 +44,7 @@ class Command(ProjectCommand):
         if missing:
             raise CommandError(
                 f"not parked (unknown, published or already queued): "
-                f"{', '.join(sorted(map(str, missing)))}", returncode=EXIT_FAILED)
+                f"{', '.join(sorted(map(str, missing)))}", returncode=ExitCode.FAILED)
 
     def _list(self, limit: int) -> None:
         parked = store.list_parked("default", limit)

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from core.commands import ProjectCommand, stop_on_signals
+from core.exit_codes import ExitCode
 from core.progress import ProgressBar
 from reminders import rules, store
 from reminders.cli import parse_as_of
@@ -20,8 +21,10 @@ class Command(ProjectCommand):
         "Delete markers whose UTC expiry date is before as-of minus REMINDER_RETENTION_DAYS, "
         "in bounded chunks, and runs that started more than REMINDER_RUN_HISTORY_DAYS (90) ago "
         "on the database's clock from the run history (--as-of does not move that cutoff; the "
-        "cycle does both at its end too). Exit codes: 0 done, 2 bad configuration or usage."
+        "cycle does both at its end too)."
     )
+    exit_notes = {ExitCode.OK: "also stopped by SIGTERM/SIGINT",
+                  ExitCode.REFUSED: "a table or grant missing"}
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--as-of", metavar="DATE|INSTANT",
