@@ -1,5 +1,6 @@
 """Database plumbing shared by both apps: the psycopg connection behind a Django alias,
-server-binding cursors, the errors that mean "the database failed" and chunked deletes."""
+server-binding cursors, the errors that mean "the database failed", chunked deletes, and the
+probe for a connection pooler that pools by transaction."""
 
 import threading
 from collections.abc import Callable, Iterator
@@ -12,8 +13,13 @@ import psycopg.sql
 from django.db import Error as DjangoDatabaseError
 from django.db import connections, transaction
 
+from core.queries import QueryFile
+
 # What a database failure looks like, from psycopg directly or through Django.
 DatabaseErrors = (psycopg.Error, DjangoDatabaseError)
+QUERIES = QueryFile(Path(__file__).parent / "sql" / "sessions.sql")
+# Rounds of the pooler probe: a pooler may hand the other session another idle server once.
+POOLER_PROBE_ROUNDS = 3
 
 
 def raw_connection(using: str) -> psycopg.Connection[Any]:
@@ -62,6 +68,28 @@ def new_session(using: str, *setup: str) -> psycopg.Connection[Any]:
         session.close()
         raise
     return session
+
+
+def transaction_pooler_in_the_way(using: str) -> int | None:
+    """The server process that the alias's session and a second one both reached, statement
+    after statement: a pooler that pools by transaction hands the server connection this
+    session just released to the next client (PgBouncer reuses the latest first); directly or
+    by session, two sessions never share one. None when no round shared one."""
+    wrapper = connections[using]
+    mine = raw_connection(using)
+    with wrapper.get_new_connection(wrapper.get_connection_params()) as other:
+        other.autocommit = True
+        for _ in range(POOLER_PROBE_ROUNDS):
+            pid = _backend_pid(mine)
+            if _backend_pid(other) == pid:
+                return pid
+    return None
+
+
+def _backend_pid(conn: psycopg.Connection[Any]) -> int:
+    with psycopg.Cursor(conn) as cur:
+        cur.execute(QUERIES["backend_pid"])
+        return int(one(cur)[0])
 
 
 def server_cursor(using: str) -> psycopg.Cursor[Any]:

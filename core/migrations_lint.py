@@ -57,11 +57,16 @@ def migration_sql(app_label: str, name: str) -> str:
     return out.getvalue()
 
 
+class SquawkMissingError(RuntimeError):
+    """No squawk to run: the environment's to fix (requirements/dev.txt)."""
+
+
 def squawk_binary() -> str:
     """The squawk of this venv (requirements/dev.txt pins squawk-cli), else one on PATH."""
     found = shutil.which("squawk", path=str(Path(sys.executable).parent)) or shutil.which("squawk")
     if found is None:
-        raise RuntimeError("squawk not found: pip install -r requirements/dev.txt (squawk-cli)")
+        raise SquawkMissingError("squawk not found: pip install -r requirements/dev.txt "
+                                 "(squawk-cli)")
     return found
 
 

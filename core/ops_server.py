@@ -1,5 +1,6 @@
-"""The operations HTTP server of the long-running commands: `/metrics` (Prometheus),
-`/healthz` (liveness) and `/readyz` (readiness), on METRICS_ADDR (unset = no server).
+"""The operations HTTP server of the long-running commands: `/metrics` (Prometheus; every
+server also exports `pin_profile_reminders_build_info`, core.build), `/healthz` (liveness) and
+`/readyz` (readiness), on METRICS_ADDR (unset = no server).
 `operations_server` is the one wiring every `--loop` uses (the worker's, the relay's, the audit's).
 
 It runs on daemon threads beside the loop and cannot be exhausted (docs/operations.md,
@@ -27,6 +28,7 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from core import gauges
+from core.build import install_build_info
 from core.config import ConfigError
 from core.health import Verdict
 from core.logs import leave_stop_signals_to_the_main_thread, log_event
@@ -122,6 +124,7 @@ class OpsServer:
     def __init__(self, host: str, port: int, probes: Probes,
                  registry: CollectorRegistry = REGISTRY, *,
                  readiness_max_age_s: float = READINESS_MAX_AGE_S) -> None:
+        install_build_info(registry)  # every server says which build answers
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, port), family=family, backlog=128)
         self._listener.setblocking(False)

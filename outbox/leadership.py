@@ -2,7 +2,7 @@
 relays' session advisory lock, taken without waiting once per database session, and never on a
 server in recovery (a standby: the relay stands by until it is promoted). The leader checks that
 the stream belongs to this cluster before reading it (`settle`), a pooler by transaction is refused
-at start, before the lead (`transaction_pooler_in_the_way`), and every batch it records checks
+at start, before the lead (core.db's `transaction_pooler_in_the_way`), and every batch it records checks
 that its statements still reach the server process that took the lead (`leader_pid`,
 store.advance: a pooler by transaction would break the lock's meaning), and its reader checks
 that it reads the server the relay leads on (`server`, outbox.reader)."""
@@ -12,7 +12,7 @@ import logging
 
 from django.db import connections
 
-from core.db import DatabaseErrors
+from core.db import DatabaseErrors, transaction_pooler_in_the_way
 from outbox import store
 from outbox.outage import Emit
 
@@ -64,7 +64,7 @@ class Leadership:
     def _refuse_a_transaction_pooler(self) -> None:
         """SessionChangedError (exit 2) when a pooler by transaction is between the relay and
         PostgreSQL: its lock and settings would stay on a server connection others get."""
-        pid = store.transaction_pooler_in_the_way(self.using)
+        pid = transaction_pooler_in_the_way(self.using)
         self._probed = True
         if pid is not None:
             raise store.SessionChangedError(

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import psycopg
-from django.db import connections, transaction
+from django.db import transaction
 
 from core.db import one, raw_connection, server_cursor
 from core.queries import QueryFile
@@ -250,32 +250,6 @@ def look_for_the_lead(using: str) -> Lead:
         taken, pid, system, started_at, in_recovery = one(cur)
     return Lead(bool(taken), int(pid),
                 Server(int(system), started_at, bool(in_recovery), _address(cur.connection)))
-
-
-# Rounds of the pooler probe: a pooler may hand the other session another idle server once.
-POOLER_PROBE_ROUNDS = 3
-
-
-def transaction_pooler_in_the_way(using: str) -> int | None:
-    """The server process that this session and a second one both reached, statement after
-    statement: a pooler that pools by transaction hands the server connection this session
-    just released to the next client (PgBouncer reuses the latest first); directly or by
-    session, two sessions never share one. None when no round shared one."""
-    wrapper = connections[using]
-    mine = raw_connection(using)
-    with wrapper.get_new_connection(wrapper.get_connection_params()) as other:
-        other.autocommit = True
-        for _ in range(POOLER_PROBE_ROUNDS):
-            pid = _backend_pid(mine)
-            if _backend_pid(other) == pid:
-                return pid
-    return None
-
-
-def _backend_pid(conn: psycopg.Connection[Any]) -> int:
-    with psycopg.Cursor(conn) as cur:
-        cur.execute(QUERIES["backend_pid"])
-        return int(one(cur)[0])
 
 
 def try_to_lead(using: str) -> int | None:

@@ -4,7 +4,7 @@ the relay reads the topic's metadata (partitions, replicas) and configuration (t
 DescribeConfigs), and:
 
 - refuses to publish to a topic that may lose a record it acknowledged (`durability_problem`:
-  `min.insync.replicas` below 2, or unclean leader election on): UndurableTopicError, exit 2,
+  `min.insync.replicas` below 2, or unclean leader election on): UndurableTopicError, exit 4,
   unless OUTBOX_ALLOW_UNDURABLE_TOPIC allows it (a single-broker development setup);
 - where the configuration cannot be read (no DescribeConfigs right, a broker without the API),
   says so once and exports it (durability "unverified"), and publishes;
@@ -57,7 +57,7 @@ NOT_ALLOWED = frozenset({KafkaError.TOPIC_AUTHORIZATION_FAILED,
 
 
 class UndurableTopicError(ConfigError):
-    """The topic may lose what it acknowledges: the relay refuses to publish to it (exit 2,
+    """The topic may lose what it acknowledges: the relay refuses to publish to it (exit 4,
     one line naming the topic's setting and the fix)."""
 
     def __init__(self, topic: str, problem: str) -> None:

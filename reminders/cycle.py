@@ -24,7 +24,14 @@ from typing import Any, NamedTuple
 
 import psycopg
 
-from core.db import DatabaseErrors, connection_alive, raw_connection, session_lost
+from core.config import ConfigError
+from core.db import (
+    DatabaseErrors,
+    connection_alive,
+    raw_connection,
+    session_lost,
+    transaction_pooler_in_the_way,
+)
 from core.failures import DatabaseFailure, classify_on
 from core.logs import Rows, log_event, log_events
 from reminders import events, rules, store
@@ -158,6 +165,7 @@ class Cycle:
 
     def _remind_and_prune(self, ledger: Ledger) -> None:
         result, scope = self.result, self.scope
+        self._refuse_a_transaction_pooler()
         ledger.start()
         with store.due_owners(
             scope.using, scope.window, scope.settings.thresholds, scope.as_of_date,
@@ -176,6 +184,31 @@ class Cycle:
             result.pruned = ledger.prune(self.stop, lambda: self.clock() >= until)
             if result.failed_owners and result.status == ReminderRun.Status.SUCCEEDED:
                 result.status = ReminderRun.Status.PARTIAL
+
+    def _refuse_a_transaction_pooler(self) -> None:
+        """Before anything is written: where the alias holds its session across transactions
+        (DATABASE_POOL_MODE=session, the default) and the due owners' cursor with it, a pooler
+        that pools by transaction would drop that cursor mid-cycle; a ConfigError naming
+        DATABASE_POOL_MODE (exit 2) instead. Without a second connection to probe with (the
+        server's or the pooler's limit) the cycle goes on, as it did before the probe."""
+        using = self.scope.using
+        if not store.holds_sessions(using):
+            return  # by pages, nothing held: a transaction pooler is fine
+        raw_connection(using)  # the cycle's own session: if that fails, the cycle does
+        try:
+            pid = transaction_pooler_in_the_way(using)
+        except DatabaseErrors as exc:
+            log_event(logger, logging.WARNING, "transaction pooler probe skipped: no second "
+                      "connection", run_id=self.result.run_id, error=type(exc).__name__)
+            return
+        if pid is not None:
+            raise ConfigError(
+                "DATABASE_POOL_MODE",
+                f"unset or session, but the worker's session and another one both reached "
+                f"server process {pid}: a connection pooler that pools by transaction "
+                "(PgBouncer pool_mode=transaction) is between the worker and PostgreSQL; set "
+                "DATABASE_POOL_MODE=transaction (the cycle then reads its due owners by pages), "
+                "or connect directly or through session pooling; nothing was written")
 
     def _out_of_time(self) -> bool:
         return self.clock() >= self._deadline

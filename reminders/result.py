@@ -8,6 +8,7 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from core.exit_codes import ExitCode, for_database_failure
 from core.failures import DatabaseFailure
 from reminders.models import ReminderRun
 
@@ -74,6 +75,14 @@ class CycleResult:
         first = f" ({self.owner_failure.reason})" if self.owner_failure else ""
         return (f"cycle {self.status}: {self.failed_owners} owner(s) failed{first}; "
                 "they are retried next cycle")
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """A manual run's exit code: a failed cycle's by its failure (the database unavailable,
+        a table or grant missing, another error), failed owners FAILED (retried next cycle)."""
+        if self.ok:
+            return ExitCode.OK
+        return ExitCode.FAILED if self.failure is None else for_database_failure(self.failure)
 
     @property
     def ok(self) -> bool:

@@ -146,10 +146,6 @@ select case when pg_is_in_recovery() then false
        pg_backend_pid(), c.system_identifier, pg_postmaster_start_time(), pg_is_in_recovery()
 from pg_control_system() c;
 
--- backend_pid: the server process a statement reached (the start's probe for a pooler that
--- pools by transaction, where two client sessions reach the same one)
-select pg_backend_pid();
-
 -- server_identity: the server a session reached: its cluster, when its postmaster started (a
 -- promoted standby has its primary's cluster id and its own start), whether it is in recovery
 select c.system_identifier, pg_postmaster_start_time(), pg_is_in_recovery()

@@ -46,7 +46,7 @@ def test_database_down_at_start_is_a_clear_error_and_writes_nothing(
         worker = Worker.start("--as-of", iso(day(0)), DATABASE_URL=proxied_url(port))
         code, _ = worker.finish()
 
-    assert code == 1
+    assert code == 3  # the database unavailable
     [failed] = worker.logged("cycle failed")
     assert "connection" in failed["error"].lower()
     [message] = worker.plain_lines()  # one line, saying what happened

@@ -59,12 +59,12 @@ def test_a_refused_port_is_database_unreachable_with_host_and_port_and_no_passwo
 
     unreachable = (f'database unreachable: OperationalError: connection failed: connection to '
                    f'server at "127.0.0.1", port {port} failed: {REFUSED}')
-    assert (run.returncode, _last_line(run.stderr)) == (1, f"CommandError: cycle failed: {unreachable}")
+    assert (run.returncode, _last_line(run.stderr)) == (3, f"CommandError: cycle failed: {unreachable}")
     [failed] = _logged(run.stderr, "cycle failed")
     assert failed["cause"] == "database unreachable" and "hint" not in failed
     assert (health.returncode, _last_line(health.stderr)) == (3, f"CommandError: {unreachable}")
     assert (relay.returncode, _last_line(relay.stderr)) == (
-        1, f"CommandError: relay pass failed: {unreachable}")
+        3, f"CommandError: relay pass failed: {unreachable}")
     for done in (run, health, relay):
         assert SECRET not in done.stdout + done.stderr
 
@@ -94,7 +94,7 @@ def test_a_missing_grant_names_the_role_the_table_and_apply_db_roles(
 
     run = run_command("run_expiry_reminders", "--as-of", AS_OF_ARG)
 
-    assert run.returncode == 1
+    assert run.returncode == 4
     assert _last_line(run.stderr) == (
         "CommandError: cycle failed: missing table or grant: InsufficientPrivilege: permission "
         "denied for table document_expiry_reminders; role pin_reminder_worker lacks a privilege "
@@ -116,8 +116,8 @@ def test_a_missing_table_names_migrate_and_apply_db_roles(transactional_db: None
                'does not exist; "document_expiry_reminder_runs" is missing or invisible to role '
                "pin_reminder_worker: as the schema owner, create it (manage.py migrate) and grant "
                "it (manage.py apply_db_roles)")
-    assert (run.returncode, _last_line(run.stderr)) == (1, f"CommandError: cycle failed: {missing}")
-    assert (health.returncode, _last_line(health.stderr)) == (3, f"CommandError: {missing}")
+    assert (run.returncode, _last_line(run.stderr)) == (4, f"CommandError: cycle failed: {missing}")
+    assert (health.returncode, _last_line(health.stderr)) == (4, f"CommandError: {missing}")
 
 
 def test_owners_failing_on_a_missing_column_grant_say_so_and_count_them(

@@ -2,7 +2,7 @@
 they reach librdkafka; TLS through socat in front of Tansu, the broker's certificate verified
 against the configured CA (and its host name), a client certificate with an encrypted key;
 SASL/SCRAM refused by a Tansu that demands authentication. No broker here can let a SASL user
-in (see the docs), so the SASL tests are the refusal: exit 1, one line, nothing published."""
+in (see the docs), so the SASL tests are the refusal: exit 4, one line, nothing published."""
 
 import subprocess
 import uuid
@@ -217,7 +217,7 @@ def run_relay_command(env: dict[str, str], *args: str) -> str:
 
 
 @pytest.mark.slow
-def test_tls_with_the_wrong_ca_exits_1_in_one_line_and_publishes_nothing(
+def test_tls_with_the_wrong_ca_exits_4_in_one_line_and_publishes_nothing(
     transactional_db: None, tansu_tls: TansuBroker, certificates: Certificates
 ) -> None:
     interleaved_rows(keys=3, per_key=2)
@@ -226,7 +226,7 @@ def test_tls_with_the_wrong_ca_exits_1_in_one_line_and_publishes_nothing(
 
     done = run_relay(env)
 
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 4, done.stderr
     assert_refused_in_one_line(done.stderr, expect="certificate verify failed")
     assert "KAFKA_SSL_CA_LOCATION" in done.stderr.splitlines()[-1]
     assert_nothing_touched()
@@ -249,7 +249,7 @@ def test_the_broker_s_host_name_is_verified_unless_turned_off(
         finally:
             front.stop()
 
-    assert verified.returncode == 1, verified.stderr
+    assert verified.returncode == 4, verified.stderr
     assert_refused_in_one_line(verified.stderr, expect="certificate verify failed")
     assert all(r["published_at"] is None and r["attempts"] == 0 for r in state_after_refusal)
     assert unverified.returncode == 0, unverified.stderr  # same CA, name not checked
@@ -277,7 +277,7 @@ def test_a_broker_demanding_a_client_certificate_takes_the_relay_s_encrypted_key
         finally:
             front.stop()
 
-    assert without.returncode == 1, without.stderr
+    assert without.returncode == 4, without.stderr
     assert_refused_in_one_line(without.stderr, expect="certificate required")
     assert "KAFKA_SSL_CERTIFICATE_LOCATION" in without.stderr.splitlines()[-1]
     assert all(r["published_at"] is None and r["attempts"] == 0 for r in state_without)
@@ -290,7 +290,7 @@ def test_a_broker_demanding_a_client_certificate_takes_the_relay_s_encrypted_key
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN"])
-def test_sasl_credentials_refused_by_a_broker_that_demands_them_exit_1_in_one_line(
+def test_sasl_credentials_refused_by_a_broker_that_demands_them_exit_4_in_one_line(
     transactional_db: None, tmp_path: Path, mechanism: str
 ) -> None:
     interleaved_rows(keys=3, per_key=2)
@@ -300,11 +300,11 @@ def test_sasl_credentials_refused_by_a_broker_that_demands_them_exit_1_in_one_li
         done = run_relay(relay_env(broker.bootstrap_servers, **sasl("SASL_PLAINTEXT", mechanism),
                                    **allow))
 
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 4, done.stderr
     assert_refused_in_one_line(done.stderr, expect="_AUTHENTICATION")
     assert "KAFKA_SASL_PASSWORD" in done.stderr.splitlines()[-1]
     assert_nothing_touched()
-    chaos_report.count("kafka SASL refused by Tansu --authentication", runs=1, exit_1=1,
+    chaos_report.count("kafka SASL refused by Tansu --authentication", runs=1, exit_4=1,
                        rows_touched=0)
 
 
@@ -326,7 +326,7 @@ def test_sasl_ssl_refused_behind_tls_and_a_looping_relay_stops_too(
         finally:
             front.stop()
 
-    assert relay.returncode == 1, log.read_text()
+    assert relay.returncode == 4, log.read_text()
     assert_refused_in_one_line(log.read_text(), expect="unknown-user")
     assert outbox_state() == []
 

@@ -2,7 +2,8 @@
 "Connection poolers"). The relay: by session it works; by transaction it refuses at start,
 before it leads, with exit 2 and one line, publishing nothing. The worker, told
 (`DATABASE_POOL_MODE=transaction`), completes its cycle by transaction: its due owners by
-pages, nothing held across transactions."""
+pages, nothing held across transactions; not told, it refuses at start with exit 2 and one
+line naming DATABASE_POOL_MODE, writing nothing."""
 
 import os
 import shutil
@@ -182,6 +183,50 @@ def test_behind_a_pooler_by_transaction_the_worker_completes_its_cycle_by_pages(
     with connection.cursor() as cursor:  # one event an owner, none read twice
         cursor.execute("select count(*), count(distinct message_key) from outbox_messages")
         assert cursor.fetchone() == (owners, owners)
+
+
+def _written() -> tuple[int, int, int]:
+    """(markers, outbox events, recorded runs)."""
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            select (select count(*) from document_expiry_reminders),
+                   (select count(*) from outbox_messages),
+                   (select count(*) from document_expiry_reminder_runs)""")
+        row = cursor.fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1]), int(row[2])
+
+
+@pytest.mark.parametrize("loop", [False, True], ids=["one-cycle", "loop"])
+def test_behind_a_pooler_by_transaction_untold_workers_refuse_at_start_writing_nothing(
+    documents: Documents, loop: bool, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    load_spread_documents(DOCUMENTS, AS_OF, seed=39)
+    assert _due_census()[0] > 0
+    monkeypatch.delenv("DATABASE_POOL_MODE", raising=False)  # the workers' environment: unset
+    args = ("--loop",) if loop else ("--as-of", AS_OF.isoformat())
+    with pgbouncer("transaction") as port:
+        url = through(port, {}, role=WORKER_ROLE)["DATABASE_URL"]
+        workers = [Worker.start(*args, DATABASE_URL=url, REMINDER_BATCH_SIZE=str(BATCH_SIZE))
+                   for _ in range(2)]
+        try:  # a worker that does not refuse may loop on: it fails the test, not hangs it
+            for worker in workers:
+                worker.proc.wait(timeout=120)
+        finally:
+            for worker in workers:
+                if worker.proc.poll() is None:
+                    worker.proc.kill()
+        ends = [worker.finish() for worker in workers]
+
+    for worker, (code, _out) in zip(workers, ends, strict=True):
+        assert code == 2, "\n".join(worker.lines[-10:])
+        [line] = worker.plain_lines()
+        assert line.startswith("CommandError: bad configuration: DATABASE_POOL_MODE: unset or "
+                               "session, but the worker's session and another one both reached "
+                               "server process "), line
+        assert "set DATABASE_POOL_MODE=transaction" in line and "nothing was written" in line
+        assert not worker.logged("batch selected")
+    assert _written() == (0, 0, 0)  # no marker, no event, no run recorded
 
 
 def test_behind_a_pooler_by_transaction_the_admin_serves_its_pages(

@@ -44,7 +44,7 @@ def test_a_broker_that_does_not_answer_fails_the_pass_even_with_nothing_to_send(
 ) -> None:
     done = run_relay(relay_env("127.0.0.1:9", OUTBOX_DELIVERY_TIMEOUT="1s"))
 
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 3, done.stderr
     assert done.stdout.startswith("Relay pass: 0 published")
     assert done.stderr.strip().splitlines()[-1].startswith(
         "CommandError: the broker did not answer within OUTBOX_DELIVERY_TIMEOUT (1s)")
@@ -59,6 +59,6 @@ def test_a_broker_that_refuses_the_relay_fails_the_pass_even_with_nothing_to_sen
 
     done = run_relay(env)
 
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 4, done.stderr
     assert_refused_in_one_line(done.stderr, expect="certificate verify failed")
     assert done.stdout == "", "a refused relay reported a pass as if it had run"

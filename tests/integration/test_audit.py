@@ -628,7 +628,7 @@ def test_against_the_topic_over_tls_with_the_relays_settings_and_a_refusal_exits
 
     refused = run_command("audit_reminders", "--against-topic", "--kafka-timeout", "20s",
                           env={**audit_env, "KAFKA_SSL_CA_LOCATION": str(certificates.other_ca)})
-    assert refused.returncode == 2, refused.stderr
+    assert refused.returncode == 4, refused.stderr
     assert "kafka refused the audit" in refused.stderr
 
 

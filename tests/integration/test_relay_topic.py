@@ -111,7 +111,7 @@ def test_a_topic_that_may_lose_what_it_acknowledges_is_refused_with_nothing_sent
     create_topic(tansu.bootstrap_servers, 3, config)
     rows(5)
     done = run_relay(relay_env(tansu.bootstrap_servers, OUTBOX_ALLOW_UNDURABLE_TOPIC="off"))
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 4, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(f"CommandError: bad configuration: topic {TOPIC}: {setting}"), last
     assert "--add-config" in last and "OUTBOX_ALLOW_UNDURABLE_TOPIC=on" in last

@@ -239,13 +239,13 @@ def test_a_wrong_password_is_refused_in_one_line_nothing_recorded_and_no_secret_
     verbose = run_relay({**env, "LOG_LEVEL": "DEBUG",
                          "KAFKA_PRODUCER_CONFIG": '{"debug": "security,broker,protocol"}'})
 
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 4, done.stderr
     line = assert_refused_in_one_line(done.stderr, naming="_AUTHENTICATION")
     assert "invalid credentials with SASL mechanism SCRAM-SHA-512" in line
     assert line.endswith("check KAFKA_SASL_MECHANISM, KAFKA_SASL_USERNAME and KAFKA_SASL_PASSWORD")
     assert done.stdout == ""
     assert took_s < 15, "the refusal waited for the delivery timeout"  # about 1 s when idle
-    assert verbose.returncode == 1, verbose.stderr
+    assert verbose.returncode == 4, verbose.stderr
     assert len(verbose.stderr.splitlines()) > 20  # librdkafka's debug lines were there to read
     for shown in (done.stdout, done.stderr, verbose.stdout, verbose.stderr):
         assert wrong not in shown and principal.password not in shown
@@ -263,7 +263,7 @@ def test_a_principal_without_write_is_refused_in_one_line_and_nothing_recorded(
 
     done = run_relay(sasl_env(kafka_cluster, principal, topic))
 
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 4, done.stderr
     line = assert_refused_in_one_line(done.stderr, naming="CLUSTER_AUTHORIZATION_FAILED")
     assert f"check the ACLs of User:{principal.name}: Write and DescribeConfigs" in line
     assert_untouched()
@@ -375,8 +375,8 @@ def test_the_audit_without_one_of_its_documented_acls_is_refused_in_one_line(
 
     code, out, err = run_audit(kafka_cluster, principal, topic, at)
 
-    # Not an empty topic (every event "missing"), not "unavailable" (exit 3): refused, exit 2.
-    assert code == 2, out + err
+    # Not an empty topic (every event "missing"), not "unavailable" (exit 3): refused, exit 4.
+    assert code == 4, out + err
     assert out == ""
     [line] = err.strip().splitlines()
     assert line.startswith("CommandError: audit failed: kafka refused the audit (SASL_SSL): ")

@@ -152,7 +152,7 @@ def test_the_audit_lists_a_row_off_the_allowlist_and_reads_the_relay_s_topics_on
 ) -> None:
     """A row naming a topic OUTBOX_TOPICS does not, parked by the relay: the audit lists it
     (`parked_off_allowlist`, with its topic) and reconciles the relay's topic alone. Its user
-    may not describe the other topic, which it would take for a refusal (exit 2) had it
+    may not describe the other topic, which it would take for a refusal (exit 4) had it
     followed the row there."""
     topic, other = real_topic(), real_topic()
     some_documents(documents)
@@ -238,7 +238,7 @@ def test_a_row_naming_a_topic_off_the_allowlist_is_parked_and_nothing_reaches_th
 ) -> None:
     """OUTBOX_TOPICS on Apache Kafka itself: the relay's principal may write both topics (the
     plaintext listener's super user), and a row names the one OUTBOX_TOPICS does not: the pass
-    parks it (exit 1, one line), publishes every other owner's rows, holds the row behind it,
+    parks it (exit 4, one line), publishes every other owner's rows, holds the row behind it,
     and the other topic stays empty."""
     topic, other = real_topic(), real_topic()
     key = str(uuid.uuid4())
@@ -248,7 +248,7 @@ def test_a_row_naming_a_topic_off_the_allowlist_is_parked_and_nothing_reaches_th
 
     done = run_relay(durable_relay_env(kafka_cluster, topic))
 
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == 4, done.stderr
     assert done.stderr.strip().splitlines()[-1].endswith(
         "0 failed, 1 parked: a parked message waits for an operator (manage.py requeue_outbox)")
     [parked] = [json.loads(ln) for ln in done.stderr.splitlines() if ln.startswith('{"ts"')
@@ -309,7 +309,7 @@ def test_the_durability_check_reads_the_real_configuration(
         assert unpublished_count() == 0
         assert len(read_topic(kafka_cluster.bootstrap_servers, topic)) == 5
         return
-    assert done.returncode == 2, done.stderr
+    assert done.returncode == 4, done.stderr
     said_lines = [ln for ln in done.stderr.strip().splitlines() if not ln.startswith('{"ts"')]
     assert len(said_lines) == 1, done.stderr
     assert said_lines[0].startswith(

@@ -252,10 +252,10 @@ GRANT_SCENARIOS: dict[str, tuple[list[str], list[str]]] = {
         ["health"]),
 }
 COMMANDS = {
-    "run": (WORKER_ROLE, ["run_expiry_reminders"], 1),
-    "health": (WORKER_ROLE, ["check_reminders_health"], 3),
-    "relay pass": (RELAY_ROLE, ["publish_outbox"], 1),
-    "requeue list": (RELAY_ROLE, ["requeue_outbox"], 1),
+    "run": (WORKER_ROLE, ["run_expiry_reminders"], 4),
+    "health": (WORKER_ROLE, ["check_reminders_health"], 4),
+    "relay pass": (RELAY_ROLE, ["publish_outbox"], 4),
+    "requeue list": (RELAY_ROLE, ["requeue_outbox"], 4),
 }
 
 

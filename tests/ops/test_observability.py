@@ -413,3 +413,5 @@ def test_the_worker_and_the_audit_serve_the_outbox_backlog_but_none_of_the_relay
     for process in ("worker", "audit"):  # both on core.ops_server.operations_server
         outbox_served = {n for n in scraped[process] if n.startswith("profile_outbox_")}
         assert outbox_served == backlog, process
+    for process in ("worker", "relay", "audit"):  # and each says which build it runs
+        assert "pin_profile_reminders_build_info" in scraped[process], process

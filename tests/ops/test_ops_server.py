@@ -26,6 +26,7 @@ import pytest
 from prometheus_client import CollectorRegistry, Counter
 from prometheus_client.parser import text_string_to_metric_families
 
+from core import build
 from core.health import Verdict
 from core.ops_server import REQUEST_TIMEOUT_S, OpsServer, Probes, RecentVerdict
 from reminders.config import DEFAULT_THRESHOLDS
@@ -79,6 +80,24 @@ def test_server_answers_metrics_health_and_readiness() -> None:
         assert get(f"{base}/nothing")[0] == 404
     finally:
         server.stop()
+
+
+def test_every_server_exports_the_build_it_runs() -> None:
+    server = OpsServer("127.0.0.1", 0, Probes(liveness=lambda: Verdict(True, "ok"),
+                                              readiness=lambda: Verdict(True, "ok")),
+                       CollectorRegistry()).start()
+    try:
+        status, text = get(f"http://127.0.0.1:{server.address[1]}/metrics")
+    finally:
+        server.stop()
+
+    assert status == 200
+    [family] = [f for f in text_string_to_metric_families(text)
+                if f.name == "pin_profile_reminders_build_info"]
+    [only] = family.samples
+    assert family.type == "gauge" and only.value == 1.0
+    assert only.labels == {"version": build.version(), "revision": build.revision()}
+    assert build.revision() != build.UNKNOWN and build.version() in build.describe()
 
 
 def test_idle_connections_do_not_stop_the_server_answering() -> None:

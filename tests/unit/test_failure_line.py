@@ -3,6 +3,9 @@
 import uuid
 from datetime import UTC, datetime
 
+import pytest
+
+from core.exit_codes import ExitCode
 from core.failures import DatabaseFailure, FailureKind
 from reminders.result import CycleResult
 
@@ -37,3 +40,19 @@ def test_owners_failed_name_the_first_owners_failure() -> None:
         f"cycle partial: 2 owner(s) failed ({GRANT.reason}); they are retried next cycle")
     assert _result("timed_out", 1).failure_line() == (
         "cycle timed_out: 1 owner(s) failed; they are retried next cycle")
+
+
+@pytest.mark.parametrize(("status", "failed_owners", "fields", "code"), [
+    ("succeeded", 0, {}, ExitCode.OK),
+    ("timed_out", 0, {}, ExitCode.OK),
+    ("stopped", 0, {}, ExitCode.OK),
+    ("partial", 2, {"owner_failure": GRANT}, ExitCode.FAILED),
+    ("failed", 0, {"failure": LOST}, ExitCode.UNAVAILABLE),
+    ("failed", 3, {"failure": GRANT}, ExitCode.REFUSED),
+    ("failed", 0, {"failure": DatabaseFailure(FailureKind.OTHER, "QueryCanceled: timeout")},
+     ExitCode.FAILED),
+])
+def test_a_manual_runs_exit_code_is_its_failures(
+    status: str, failed_owners: int, fields: dict[str, object], code: ExitCode,
+) -> None:
+    assert _result(status, failed_owners, **fields).exit_code is code

@@ -1,10 +1,12 @@
-"""The line a one-shot relay pass exits 1 with, and when it exits 0 (outbox.pass_failure)."""
+"""The line a one-shot relay pass ends with, its exit code, and when it exits 0
+(outbox.pass_failure)."""
 
 from datetime import timedelta
 
 import pytest
 
-from outbox.pass_failure import failure_line
+from core.exit_codes import ExitCode
+from outbox.pass_failure import failure_line, pass_failure
 from outbox.store import Backlog, LockHolder
 from outbox.tally import RelayStats
 
@@ -33,7 +35,7 @@ def test_undelivered_rows_are_counted_and_deferred_ones_named_only_when_there_ar
         "4 deferred (a partition unavailable); run again")
 
 
-def test_a_pass_that_only_parked_rows_exits_1_and_sends_the_operator_to_requeue() -> None:
+def test_a_pass_that_only_parked_rows_exits_4_and_sends_the_operator_to_requeue() -> None:
     """A row whose topic is not on OUTBOX_TOPICS is parked without a failed delivery."""
     assert _line(RelayStats(published=5, parked=1)) == (
         "not everything was delivered: 0 released (broker unavailable), 0 failed, 1 parked: a "
@@ -79,3 +81,22 @@ def test_the_first_failure_in_order_is_the_one_said(
 def test_a_pass_stopped_by_a_signal_exits_0_whatever_it_left() -> None:
     assert _line(RelayStats(released=5, held_for_s=9.0, broker_answered=False),
                  stopped=True, stood_by_too_long=True) is None
+
+
+@pytest.mark.parametrize(("stats", "stood_by_too_long", "holder", "code"), [
+    (RelayStats(released=1), False, None, ExitCode.FAILED),
+    (RelayStats(deferred=1), False, None, ExitCode.FAILED),
+    (RelayStats(published=5, parked=1), False, None, ExitCode.REFUSED),  # a person re-queues it
+    (RelayStats(failed=1, parked=1), False, None, ExitCode.FAILED),
+    (RelayStats(held_for_s=70.0), False, None, ExitCode.FAILED),
+    (RelayStats(stood_by=True), True, HOLDER, ExitCode.REFUSED),  # a person ends that session
+    (RelayStats(stood_by=True), True, None, ExitCode.FAILED),  # released since: run again
+    (RelayStats(broker_answered=False), False, None, ExitCode.UNAVAILABLE),
+    (RelayStats(failed=1, broker_answered=False), True, HOLDER, ExitCode.FAILED),
+])
+def test_each_failure_has_its_exit_code(
+    stats: RelayStats, stood_by_too_long: bool, holder: LockHolder | None, code: ExitCode,
+) -> None:
+    failure = pass_failure(stats, WAITING, stopped=False, stood_by_too_long=stood_by_too_long,
+                           holder=holder, delivery_timeout=TIMEOUT)
+    assert failure is not None and failure.code is code

@@ -15,17 +15,10 @@ from audit.loop import AuditMetrics, run_audit_loop
 from audit.report import AuditReport, render_json, render_text
 from audit.topic import BrokerRefusedError, BrokerUnavailableError, TopicReader
 from audit.window import WindowError
-from core.commands import (
-    EXIT_FAILED,
-    EXIT_UNAVAILABLE,
-    EXIT_USAGE,
-    ProjectCommand,
-    stop_on_signals,
-    usage_error,
-)
+from core.commands import ProjectCommand, refused, stop_on_signals, usage_error
 from core.config import parse_duration, parse_positive_int
 from core.db import DatabaseErrors
-from core.failures import FailureKind, classify_on
+from core.exit_codes import ExitCode
 from core.health import Heartbeat, database_ready
 from core.ops_server import Probes, operations_server
 from core.supervise import Backoff
@@ -39,13 +32,18 @@ class Command(ProjectCommand):
         "Audit the reminders, read-only: the ledger against the outbox over the window "
         "(--since before --as-of), nothing due left behind by the last succeeded loop cycle, "
         "the relay's position (its cluster), waits and parked events, and with "
-        "--against-topic the outbox against Kafka (the relay's KAFKA_* settings). Exit codes: "
-        "0 no findings (clean when every check ran; a check with nothing to examine says "
-        "'not checked' and why; what it only notes, already_queued, is no finding), 1 findings, "
-        "2 bad configuration or usage (a window with "
-        "nothing left to audit: an --as-of older than OUTBOX_RETENTION), 3 database or broker "
-        "unavailable."
+        "--against-topic the outbox against Kafka (the relay's KAFKA_* settings)."
     )
+    exit_notes = {
+        ExitCode.OK: "no findings: clean when every check ran; a check with nothing to examine "
+        "says 'not checked' and why; what it only notes, already_queued, is no finding",
+        ExitCode.FAILED: "findings, or a database error",
+        ExitCode.USAGE: "also a window with nothing left to audit: an --as-of older than "
+        "OUTBOX_RETENTION",
+        ExitCode.UNAVAILABLE: "also Kafka did not answer",
+        ExitCode.REFUSED: "the broker refused the audit's principal; a table or grant missing",
+    }
+    database_failure_prefix = "audit failed: "
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--as-of", metavar="DATE|INSTANT",
@@ -101,21 +99,17 @@ class Command(ProjectCommand):
                 self._loop(audit, every, settings)
                 return
             report = run_audit(audit)
-        except DatabaseErrors as exc:
-            failure = classify_on(exc, "default")
-            code = EXIT_USAGE if failure.kind is FailureKind.MISSING else EXIT_UNAVAILABLE
-            raise CommandError(f"audit failed: {failure.reason}", returncode=code) from None
         except WindowError as exc:
             raise usage_error(str(exc)) from None
         except BrokerRefusedError as exc:
-            raise CommandError(f"audit failed: {exc}", returncode=EXIT_USAGE) from None
+            raise refused(f"audit failed: {exc}") from None
         except BrokerUnavailableError as exc:
-            raise CommandError(f"audit failed: {exc}", returncode=EXIT_UNAVAILABLE) from None
+            raise CommandError(f"audit failed: {exc}", returncode=ExitCode.UNAVAILABLE) from None
         self.stdout.write(render_json(report) if options["format"] == "json"
                           else render_text(report))
         if report.findings:
             raise CommandError(f"audit found {report.findings} finding(s)",
-                               returncode=EXIT_FAILED)
+                               returncode=ExitCode.FAILED)
 
     def _loop(self, audit: AuditOptions, every: timedelta, settings: ReminderSettings) -> None:
         """--loop, with METRICS_ADDR's /metrics, /healthz (an audit within two intervals, or

@@ -6,7 +6,8 @@ from typing import Any
 from django.contrib.auth.models import Group, Permission, User
 from django.db import transaction
 
-from core.commands import ProjectCommand
+from core.commands import ProjectCommand, refused
+from core.exit_codes import ExitCode
 
 # reminders.viewers.VIEWERS_GROUP (the base imports no app).
 VIEWERS_GROUP = "reminder viewers"
@@ -25,6 +26,8 @@ class Command(ProjectCommand):
         "out. Users and groups are not in the admin: run this under the schema owner's "
         "DATABASE_URL (docs/admin.md)."
     )
+    exit_notes = {ExitCode.FAILED: "a database error", ExitCode.REFUSED: "the group or a "
+                  "permission missing (migrate first), or a table or grant missing"}
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("name")
@@ -32,6 +35,14 @@ class Command(ProjectCommand):
             parser.add_argument(f"--{flag}", action="store_true")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            self._create_or_change(options)
+        except (Group.DoesNotExist, Permission.DoesNotExist) as exc:
+            # Both come from migrations: a database not migrated (or not this project's).
+            raise refused(f"a group or permission is missing ({exc}): run manage.py migrate "
+                          "first, as the schema owner") from None
+
+    def _create_or_change(self, options: dict[str, Any]) -> None:
         with transaction.atomic():
             user, created = User.objects.get_or_create(username=options["name"],
                                                        defaults={"is_staff": True})

@@ -4,6 +4,7 @@ from typing import Any
 
 from core.commands import ProjectCommand
 from core.db import apply_sql_file
+from core.exit_codes import ExitCode
 from core.roles import ADMIN_WEB_ROLE, AUDITOR_ROLE, RELAY_ROLE, ROLES_SQL, WORKER_ROLE
 
 
@@ -14,6 +15,8 @@ class Command(ProjectCommand):
         "grant them exactly what they need (core/sql/roles.sql). Run as an owner of the "
         "schema, after migrate and after person_documents exists. Idempotent; sets no passwords."
     )
+    exit_notes = {ExitCode.REFUSED: "a table missing (migrate first; person_documents) or "
+                  "the connection's role may not grant"}
 
     def handle(self, *args: Any, **options: Any) -> None:
         apply_sql_file(ROLES_SQL)

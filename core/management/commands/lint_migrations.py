@@ -4,8 +4,9 @@ from typing import Any
 
 from django.core.management import CommandError
 
-from core.commands import ProjectCommand
-from core.migrations_lint import BASELINE, lint_migrations
+from core.commands import ProjectCommand, usage_error
+from core.exit_codes import ExitCode
+from core.migrations_lint import BASELINE, SquawkMissingError, lint_migrations
 
 
 class Command(ProjectCommand):
@@ -13,9 +14,16 @@ class Command(ProjectCommand):
             f"that {BASELINE.name} does not accept (only migrations before the baseline have "
             "accepted findings), and on an accepted finding squawk no longer reports. Needs a "
             "database connection (sqlmigrate introspects for some operations).")
+    exit_notes = {ExitCode.FAILED: "a finding not accepted, a stale baseline entry, or squawk "
+                  "failed", ExitCode.USAGE: "also no squawk installed"}
 
     def handle(self, *args: Any, **options: Any) -> None:
-        new, stale, linted = lint_migrations()
+        try:
+            new, stale, linted = lint_migrations()
+        except SquawkMissingError as exc:
+            raise usage_error(str(exc)) from None
+        except RuntimeError as exc:  # squawk itself failed
+            raise CommandError(str(exc), returncode=ExitCode.FAILED) from None
         for finding in new:
             self.stderr.write(str(finding))
         for entry in stale:

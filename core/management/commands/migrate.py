@@ -9,6 +9,8 @@ from django.core.management import CommandError
 from django.core.management.base import CommandParser
 from django.core.management.commands import migrate
 
+from core.commands import ExitCodeContract
+from core.exit_codes import ExitCode
 from core.migration_ops import (
     LOCK_ATTEMPTS,
     LOCK_RETRY_PAUSE_SECONDS,
@@ -17,9 +19,12 @@ from core.migration_ops import (
 )
 
 
-class Command(migrate.Command):
+class Command(ExitCodeContract, migrate.Command):
     help = (migrate.Command.help + " A migration that times out on its lock (lock_timeout) is "
             "tried again, in a new transaction, up to --lock-attempts times.")
+    exit_notes = {ExitCode.FAILED: "a migration still timed out on its lock after "
+                  "--lock-attempts (the line names the sessions holding it), or a database "
+                  "error", ExitCode.REFUSED: "the role may not create or alter a table"}
 
     def add_arguments(self, parser: CommandParser) -> None:
         super().add_arguments(parser)
@@ -36,4 +41,4 @@ class Command(migrate.Command):
             migrate_with_lock_retries(lambda: super(Command, self).handle(*args, **options),
                                       attempts=attempts, pause_seconds=pause)
         except MigrationLockTimeoutError as timeout:
-            raise CommandError(str(timeout)) from timeout
+            raise CommandError(str(timeout), returncode=ExitCode.FAILED) from timeout

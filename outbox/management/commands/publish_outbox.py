@@ -10,19 +10,19 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from core.commands import EXIT_FAILED, ProjectCommand, stop_on_signals
+from core.commands import ProjectCommand, stop_on_signals
 from core.config import ConfigError, parse_duration_or_zero, parse_positive_int
-from core.db import DatabaseErrors
-from core.failures import classify_on
+from core.exit_codes import ExitCode
 from core.garbage import relax_garbage_collection
 from core.health import Heartbeat, Verdict, database_ready
 from core.ops_server import Probes, operations_server
 from core.progress import ProgressBar
 from outbox import kafka, kafka_errors, metrics, store
 from outbox.config import RelaySettings, load_relay_settings
-from outbox.pass_failure import failure_line
+from outbox.pass_failure import pass_failure
 from outbox.relay import Relay, RelayStats
 from outbox.stood_by import stood_by_while_rows_waited
+from outbox.topic import UndurableTopicError
 
 # /healthz fails when the loop has not turned for this long (or 3 poll intervals, if longer).
 HEARTBEAT_MIN = timedelta(minutes=5)
@@ -37,19 +37,26 @@ class Command(ProjectCommand):
         "(a pass that finds one publishing leaves the work to it). One pass by default: "
         "publish what is deliverable now "
         "and exit; --loop runs until SIGTERM/SIGINT, woken by new rows (LISTEN/NOTIFY) or every "
-        "OUTBOX_POLL_INTERVAL. Exit codes: 0 done (or stopped by a signal), 1 not everything "
-        "went out (the broker did not answer or was unavailable, messages failed or parked, "
-        "rows held back past --held-bound by a transaction open on the database server, "
-        "the pass stood by while messages waited past --stood-by-bound (the line names the "
-        "session holding the relays' lock), database lost; nothing is lost, run again), or the "
-        "database server is in recovery (a standby: --loop stands by until it is promoted), or "
-        "the broker refused the credentials or TLS handshake or the relay's principal may not "
-        "produce (no Write ACL), or the stream's position is ahead "
-        "of its cluster's transaction ids, or a subscription still applies the outbox, or the "
-        "reader reached another server than the relay leads on (these also with --loop), "
-        "2 bad configuration or usage (also a connection pooler that pools by transaction "
-        "between the relay and PostgreSQL)."
+        "OUTBOX_POLL_INTERVAL. The refusals (exit 4) and a pooler by transaction (exit 2) "
+        "stop --loop too."
     )
+    exit_notes = {
+        ExitCode.OK: "also stopped by a signal",
+        ExitCode.FAILED: "not everything went out: messages released, failed or deferred "
+        "(and parked with them), rows held back past --held-bound by a transaction open on the database "
+        "server, the database server in recovery (a standby: --loop stands by until it is "
+        "promoted), the reader on another server than the relay leads on, another database "
+        "error",
+        ExitCode.USAGE: "also a connection pooler that pools by transaction between the relay "
+        "and PostgreSQL",
+        ExitCode.UNAVAILABLE: "also Kafka did not answer",
+        ExitCode.REFUSED: "the broker refused the credentials or TLS handshake, or the "
+        "principal may not produce; a topic that may lose what it acknowledges; the stream "
+        "ahead of its cluster; a subscription still applying the outbox; the pass stood by past "
+        "--stood-by-bound behind a session holding the relays' lock; a table or grant missing; "
+        "only a message parked (its topic not on OUTBOX_TOPICS: a person re-queues it)",
+    }
+    database_failure_prefix = "relay pass failed: "
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--loop", action="store_true",
@@ -94,18 +101,14 @@ class Command(ProjectCommand):
                     stood_by=stats.stood_by, oldest_waiting_s=backlog.oldest_age_s,
                     bound_s=stood_by_bound.total_seconds())
                 holder = store.relay_lock_holder(relay.using) if stood_by_too_long else None
-            except DatabaseErrors as exc:
-                failure = classify_on(exc, relay.using)
-                raise CommandError(f"relay pass failed: {failure.reason}",
-                                   returncode=EXIT_FAILED) from None
             finally:
                 relay.close()
         self._summarise(stats, backlog)
-        line = failure_line(stats, backlog, stopped=stop.is_set(),
-                            stood_by_too_long=stood_by_too_long, holder=holder,
-                            delivery_timeout=settings.delivery_timeout)
-        if line is not None:
-            raise CommandError(line, returncode=EXIT_FAILED)
+        failure = pass_failure(stats, backlog, stopped=stop.is_set(),
+                               stood_by_too_long=stood_by_too_long, holder=holder,
+                               delivery_timeout=settings.delivery_timeout)
+        if failure is not None:
+            raise CommandError(failure.line, returncode=failure.code)
 
     def _loop(self, settings: RelaySettings, stop: threading.Event) -> None:
         """--loop, with METRICS_ADDR's /metrics, /healthz (the loop beats) and /readyz."""
@@ -140,11 +143,17 @@ class Command(ProjectCommand):
 
 @contextmanager
 def refusals_as_exit_codes() -> Iterator[None]:
-    """What makes the relay refuse to go on, as one line and an exit code (a pass and --loop)."""
+    """What makes the relay refuse to go on, as one line and an exit code (a pass and --loop):
+    what a person must set right (core.exit_codes: REFUSED), what passes by itself (FAILED), a
+    pooler by transaction (DATABASE_URL: USAGE). A database failure is the base command's."""
     try:
         yield
-    except (kafka_errors.KafkaRefusedError, store.StreamAheadError, store.StreamSubscribedError,
-            store.ServerInRecoveryError, store.ReaderOnAnotherServerError) as exc:
-        raise CommandError(str(exc), returncode=EXIT_FAILED) from None
+    except UndurableTopicError as exc:  # the topic's to fix (its owner's), not the relay's settings
+        raise CommandError(f"bad configuration: {exc}", returncode=ExitCode.REFUSED) from None
+    except (kafka_errors.KafkaRefusedError, store.StreamAheadError,
+            store.StreamSubscribedError) as exc:
+        raise CommandError(str(exc), returncode=ExitCode.REFUSED) from None
+    except (store.ServerInRecoveryError, store.ReaderOnAnotherServerError) as exc:
+        raise CommandError(str(exc), returncode=ExitCode.FAILED) from None
     except store.SessionChangedError as exc:
         raise ConfigError("DATABASE_URL", str(exc)) from None

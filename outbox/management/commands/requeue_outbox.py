@@ -7,7 +7,8 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from core.commands import EXIT_FAILED, ProjectCommand, usage_error
+from core.commands import ProjectCommand, usage_error
+from core.exit_codes import ExitCode
 from outbox import requeue, store
 
 
@@ -17,9 +18,11 @@ class Command(ProjectCommand):
         "holds back the later rows of its key), or re-queue them with fresh attempts: --id ID "
         "(repeatable), or --all with --yes; --dry-run shows what would go back (count, keys, "
         "oldest) and changes nothing. Each re-queue writes one log line (counts and message "
-        "ids). Exit codes: 0 done, 1 an --id was not parked, 2 usage (also --all without "
-        "--yes: nothing re-queued)."
+        "ids)."
     )
+    exit_notes = {ExitCode.FAILED: "an --id was not parked, or a database error",
+                  ExitCode.USAGE: "also --all without --yes (nothing re-queued)",
+                  ExitCode.REFUSED: "a table or grant missing"}
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--id", action="append", default=[], metavar="MESSAGE_ID",
@@ -61,7 +64,7 @@ class Command(ProjectCommand):
         if missing:
             raise CommandError(
                 f"not parked (unknown, published or already queued): "
-                f"{', '.join(sorted(map(str, missing)))}", returncode=EXIT_FAILED)
+                f"{', '.join(sorted(map(str, missing)))}", returncode=ExitCode.FAILED)
 
     def _preview(self, ids: list[uuid.UUID] | None) -> None:
         rows = requeue.preview("default", ids)

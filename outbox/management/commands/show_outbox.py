@@ -4,6 +4,7 @@ from argparse import ArgumentParser
 from typing import Any
 
 from core.commands import ProjectCommand
+from core.exit_codes import ExitCode
 from core.logs import printable
 from outbox import store
 from outbox.models import OutboxMessage
@@ -11,6 +12,7 @@ from outbox.models import OutboxMessage
 
 class Command(ProjectCommand):
     help = "Print the newest outbox events (owner, documents, thresholds) and totals."
+    exit_notes = {ExitCode.FAILED: "a database error", ExitCode.REFUSED: "a table or grant missing"}
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--limit", type=int, default=10, help="events to print (10)")

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from core.commands import ProjectCommand, stop_on_signals, usage_error
+from core.exit_codes import ExitCode
 from core.progress import ProgressBar
 from reminders import rules, store
 from reminders.cli import parse_as_of, refuse_future_as_of
@@ -29,10 +30,12 @@ class Command(ProjectCommand):
         "on the database's clock from the run history (--as-of does not move that cutoff; the "
         "cycle does both at its end too). A future --as-of is refused (only --dry-run may look "
         "ahead); deleting markers of documents not expired yet (on the database's clock) or "
-        f"more than {CONFIRM_PERCENT}% of the ledger needs --yes. "
-        "Exit codes: 0 done, 2 bad configuration or usage, or a prune refused without --yes "
-        "(nothing deleted)."
+        f"more than {CONFIRM_PERCENT}% of the ledger needs --yes."
     )
+    exit_notes = {ExitCode.OK: "also stopped by SIGTERM/SIGINT",
+                  ExitCode.USAGE: "also a future --as-of, or a prune that needs --yes without it "
+                                  "(nothing deleted)",
+                  ExitCode.REFUSED: "a table or grant missing"}
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--as-of", metavar="DATE|INSTANT",

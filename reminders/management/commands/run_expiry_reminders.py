@@ -6,8 +6,9 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from core.commands import EXIT_FAILED, ProjectCommand, stop_on_signals, usage_error
+from core.commands import ProjectCommand, stop_on_signals, usage_error
 from core.config import parse_duration, parse_positive_int
+from core.exit_codes import ExitCode
 from core.progress import ProgressBar
 from core.tracing import configure_tracing
 from reminders.cli import parse_as_of, refuse_future_as_of
@@ -23,12 +24,17 @@ class Command(ProjectCommand):
         "Find documents whose expiry is near or past, mark them in the ledger and write one "
         "reminder event per investor to the outbox. One cycle by default (the manual "
         "re-trigger); --loop runs on the schedule (REMINDER_RUN_AT_UTC, "
-        "REMINDER_POLLING_INTERVAL). Exit codes: 0 success, 1 some owners failed (retried next "
-        "cycle) or the cycle failed (the last line says which: database unreachable, missing "
-        "table or grant, or another database error), 2 bad configuration or usage. With --loop, METRICS_ADDR "
+        "REMINDER_POLLING_INTERVAL). With --loop, METRICS_ADDR "
         "(e.g. 127.0.0.1:9108) serves /metrics, /healthz and /readyz; OTEL_* variables turn "
         "tracing on (docs/operations.md)."
     )
+    exit_notes = {
+        ExitCode.OK: "also stopped by SIGTERM/SIGINT",
+        ExitCode.FAILED: "owners failed, retried next cycle, or a database error",
+        ExitCode.USAGE: "also a transaction pooler without DATABASE_POOL_MODE=transaction",
+        ExitCode.REFUSED: "a table or grant missing: migrate, apply_db_roles",
+    }
+    database_failure_prefix = "cycle failed: "
 
     def add_arguments(self, parser: ArgumentParser) -> None:
         parser.add_argument("--loop", action="store_true",
@@ -72,7 +78,7 @@ class Command(ProjectCommand):
                 tracing.shutdown()  # flush the spans still queued
         self._summarise(result)
         if line := result.failure_line():
-            raise CommandError(line, returncode=EXIT_FAILED)
+            raise CommandError(line, returncode=result.exit_code)
 
     def _summarise(self, result: CycleResult) -> None:
         title = "Dry run: would remind" if result.dry_run else "Cycle"
