@@ -38,6 +38,8 @@ GUARDED_PROPERTIES = {
     "request.required.acks": "at-least-once rests on it (always all)",
     "message.timeout.ms": _DELIVERY_TIMEOUT,
     "delivery.timeout.ms": _DELIVERY_TIMEOUT,
+    "socket.timeout.ms": f"{_DELIVERY_TIMEOUT}: no request waits on a broker longer than a "
+                         f"message may",
     "transactional.id": "the relay does not use transactions",
     "delivery.report.only.error": "the relay's delivery accounting rests on it (always true)",
     "bootstrap.servers": "set KAFKA_BOOTSTRAP_SERVERS instead",
@@ -114,6 +116,10 @@ def producer_config(settings: RelaySettings, client_id: str) -> dict[str, Any]:
         "partitioner": PARTITIONER,
         "linger.ms": int(settings.linger.total_seconds() * 1000),
         "message.timeout.ms": int(settings.delivery_timeout.total_seconds() * 1000),
+        # No request waits on a broker longer than a message may (librdkafka's default is 60 s):
+        # a broker that stopped answering is disconnected then, and a metadata or idempotence-id
+        # request that went to it, holding back that connection's requests, is asked elsewhere.
+        "socket.timeout.ms": min(300_000, int(settings.delivery_timeout.total_seconds() * 1000)),
         "queue.buffering.max.messages": max(100_000, 2 * settings.batch_size),
         # Reports for errors only: a batch is acknowledged as a whole (outbox.producer).
         "delivery.report.only.error": True,

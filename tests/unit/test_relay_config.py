@@ -164,3 +164,17 @@ def test_the_repeat_filter_remembers_a_bounded_number_of_lines() -> None:
     assert len(repeats) == 100
     assert not repeats.fresh("connection to broker-9999:9092 failed")  # recent: still a repeat
     assert repeats.fresh("connection to broker-0:9092 failed")  # forgotten long ago
+
+
+@pytest.mark.parametrize(("timeout", "socket_ms"), [("5s", 5_000), ("30s", 30_000), ("10m", 300_000)])
+def test_no_request_waits_on_a_broker_longer_than_the_delivery_timeout(
+        timeout: str, socket_ms: int) -> None:
+    """librdkafka's 60 s would let a request sent to a stopped broker (metadata, an
+    idempotence id) hold back that connection's requests for a minute (its maximum: 300 s)."""
+    settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
+                                    "OUTBOX_DELIVERY_TIMEOUT": timeout})
+    assert kafka.producer_config(settings, "relay-x")["socket.timeout.ms"] == socket_ms
+    guarded = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092",
+                                   "KAFKA_PRODUCER_CONFIG": '{"socket.timeout.ms": 60000}'})
+    with pytest.raises(ConfigError):
+        kafka.producer_config(guarded, "relay-x")
