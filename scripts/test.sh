@@ -14,7 +14,9 @@
 # The real-cluster tier (tests/kafka) runs on Apache Kafka itself: without extra arguments the
 # three-node cluster (scripts/kafka.sh) starts in the background while the linters run, and
 # both workers share it (TEST_KAFKA_CLUSTER_DIR); with arguments, a run that selects those
-# tests starts a cluster of its own (tests/support/kafka_support.py).
+# tests starts a cluster of its own (tests/support/kafka_support.py). The fault tests (marker
+# `faults`, each on a three-node cluster of its own, about 4.5 minutes) are left out of the run
+# without arguments: scripts/test.sh -m faults runs them (docs/testing.md says why).
 # The one-minute inner loop, with no database, broker or browser: scripts/test-unit.sh.
 # Installs what it needs (a venv with the pinned requirements; Debian's postgresql if no
 # server answers; Debian's prometheus for the alert-rule and scrape tests; Debian's faketime;
@@ -77,7 +79,8 @@ fi
 echo "== pytest"
 set +e
 if [ "$#" -eq 0 ]; then
-    "$VENV/bin/pytest" -n "${TEST_WORKERS:-2}" --dist worksteal  # an idle worker takes queued tests
+    # an idle worker takes queued tests; the fault tests on clusters of their own run apart
+    "$VENV/bin/pytest" -n "${TEST_WORKERS:-2}" --dist worksteal -m "not faults"
 else
     "$VENV/bin/pytest" "$@"
 fi

@@ -60,6 +60,9 @@ from tests.support.relay_support import (
     wait_for,
 )
 
+# Not in the default run (scripts/test.sh): `scripts/test.sh -m faults` (docs/testing.md says why).
+pytestmark = pytest.mark.faults
+
 PARTITIONS = 6
 # Short enough that a fault lasts a few of them within a test of seconds.
 DELIVERY_TIMEOUT = timedelta(seconds=3)
