@@ -200,13 +200,25 @@ class OpsServer:
         return self
 
     def stop(self) -> None:
+        """Stop accepting first, so that nothing is queued behind the request threads' stop;
+        a connection still queued then is closed unanswered, never left to the collector."""
         self._stopping.set()
-        for _ in range(REQUEST_THREADS):
+        waiter, answerers = self._threads[0], self._threads[1:]
+        if waiter.is_alive():
+            waiter.join(timeout=5)
+        for _ in answerers:
             with suppress(queue.Full):
                 self._arrived.put(None, timeout=1)
-        for thread in self._threads:
+        for thread in answerers:
             if thread.is_alive():
                 thread.join(timeout=5)
+        while True:
+            try:
+                arrived = self._arrived.get_nowait()
+            except queue.Empty:
+                break
+            if arrived is not None:
+                arrived[0].close()
         self._listener.close()
 
 
