@@ -7,13 +7,13 @@
 # validates the compose files against the Compose Specification's schema), then (without extra
 # arguments) the tests that read the real clock again under a faked clock: before and after UTC
 # midnight and on 2028-02-29 (scripts/clock.sh).
-# Without extra arguments pytest runs on TEST_WORKERS (default 2) pytest-xdist workers, each on
+# Without extra arguments pytest runs on TEST_WORKERS (default 3) pytest-xdist workers, each on
 # a PostgreSQL cluster of its own (tests/support/workers.py), and the three faked-clock runs
 # run side by side, each on a cluster of its own too. Every run writes a JUnit file
 # (artifacts/junit*.xml) and lists its 50 slowest tests (pyproject.toml's addopts).
 # The real-cluster tier (tests/kafka) runs on Apache Kafka itself: without extra arguments the
 # three-node cluster (scripts/kafka.sh) starts in the background while the linters run, and
-# both workers share it (TEST_KAFKA_CLUSTER_DIR); with arguments, a run that selects those
+# the workers share it (TEST_KAFKA_CLUSTER_DIR); with arguments, a run that selects those
 # tests starts a cluster of its own (tests/support/kafka_support.py). The fault tests (marker
 # `faults`, each on a three-node cluster of its own, about 4.5 minutes) are left out of the run
 # without arguments: scripts/test.sh -m faults runs them (docs/testing.md says why).
@@ -80,7 +80,7 @@ echo "== pytest"
 set +e
 if [ "$#" -eq 0 ]; then
     # an idle worker takes queued tests; the fault tests on clusters of their own run apart
-    "$VENV/bin/pytest" -n "${TEST_WORKERS:-2}" --dist worksteal -m "not faults"
+    "$VENV/bin/pytest" -n "${TEST_WORKERS:-3}" --dist worksteal -m "not faults"
 else
     "$VENV/bin/pytest" "$@"
 fi
