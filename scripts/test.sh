@@ -77,7 +77,7 @@ if [ "$#" -eq 0 ]; then
     checks_log=$(mktemp /tmp/pin-test-checks.XXXXXX)
     checks >"$checks_log" 2>&1 &
     checks_pid=$!
-    trap 'kill "$checks_pid" 2>/dev/null; kafka_stop; pg_throwaway_stop' EXIT
+    trap '[ -z "$checks_pid" ] || kill "$checks_pid" 2>/dev/null || true; kafka_stop; pg_throwaway_stop' EXIT
 else
     checks
 fi
