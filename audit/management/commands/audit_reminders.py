@@ -10,10 +10,10 @@ from typing import Any
 from django.core.management.base import CommandError
 from django.db import connections
 
+from audit.against_topic import BrokerRefusedError, BrokerUnavailableError, TopicReader
 from audit.checks import AuditOptions, run_audit
 from audit.loop import AuditMetrics, run_audit_loop
 from audit.report import AuditReport, render_json, render_text
-from audit.topic import BrokerRefusedError, BrokerUnavailableError, TopicReader
 from audit.window import WindowError
 from core.commands import ProjectCommand, refused, stop_on_signals, usage_error
 from core.config import parse_duration, parse_positive_int
