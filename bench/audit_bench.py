@@ -15,7 +15,6 @@ must be clean. Prints a table and writes JSON (bench/results/audit-latest.json).
 import json
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -23,10 +22,8 @@ from typing import Any
 
 from bench import dataset, harness, worker
 from bench.dataset import DatasetConfig
-from bench.harness import RESULTS, connect, one, quiet
+from bench.harness import RESULTS, Log, connect, one, quiet
 from core.roles import AUDITOR_ROLE, RELAY_ROLE, ROLES_SQL, WORKER_ROLE
-
-Log = Callable[[str], object]
 
 
 @dataclass(slots=True)

@@ -32,7 +32,6 @@ connection, two, floor, ...), each from the same seeded ledger.
 
 import argparse
 import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -51,14 +50,12 @@ from bench.cycle_phases import (
     window_params,
 )
 from bench.dataset import drop_database
-from bench.harness import bench_query, fmt, one
+from bench.harness import Log, bench_query, fmt, one
 from bench.pipeline import run_pipeline
 from reminders.config import ReminderSettings
 
 __all__ = ["BenchConfig", "BenchResult", "drop_database", "format_table", "main",
            "run_benchmark"]
-
-Log = Callable[[str], object]
 
 
 @dataclass(slots=True)

@@ -17,7 +17,7 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as clock_time
@@ -206,7 +206,7 @@ def drop_database(config: DatasetConfig) -> None:
     harness.drop_database(config.url())
 
 
-def prepare(config: DatasetConfig, log: Callable[[str], object]) -> tuple[float, int] | None:
+def prepare(config: DatasetConfig, log: harness.Log) -> tuple[float, int] | None:
     """Build the data set in its database, or keep it (with `reuse`, if the database holds this
     very data set and it is not a stale-statistics run); (seconds, documents) if built."""
     if config.reuse and not config.stale_statistics and existing_tag(config) == config.tag():

@@ -11,7 +11,7 @@ import os
 import platform
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
 BENCH_SQL = Path(__file__).parent / "sql" / "bench.sql"
 SERVER_URL = "postgres://postgres@127.0.0.1:5432"
+Log = Callable[[str], object]  # where a benchmark says what it is doing (print, or nothing)
 # The relay benchmarks' database (BENCH_DATABASE_URL overrides it), created afresh each run.
 RELAY_DATABASE_URL = f"{SERVER_URL}/pin_profile_relay_bench"
 
