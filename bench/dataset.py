@@ -1,4 +1,4 @@
-"""Benchmark data sets (issue 6), built with COPY into a fresh database.
+"""Benchmark data sets, built with COPY into a fresh database.
 
 Two shapes, documents spread over about N/3 owners (each document picks a random owner, so an
 owner's documents are scattered over the heap as they are in a table that grew for years):
