@@ -6,7 +6,7 @@ with a Kafka reader, against the topic.
 2. nothing due was left behind by the last succeeded loop cycle (`left_behind`);
 3. the relay's state: its position (`relay_position`), waits (`relay_waits`), parked rows
    (`parked`);
-4. the outbox against the topic (`topic`, audit.topic).
+4. the outbox against the topic (`topic`, audit.against_topic).
 """
 
 import dataclasses
@@ -20,8 +20,8 @@ from typing import Any
 from django.db import transaction
 
 from audit import findings, store
+from audit.against_topic import TopicEvent, TopicReader, reconcile
 from audit.report import AuditReport, CheckResult, Finding, Status
-from audit.topic import TopicEvent, TopicReader, reconcile
 from audit.window import audit_window
 from outbox import store as outbox_store
 from reminders import events, rules

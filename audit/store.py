@@ -12,7 +12,7 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import class_row
 
-from audit.topic import TopicEvent
+from audit.against_topic import TopicEvent
 from core.db import raw_connection
 from core.queries import QueryFile
 from reminders import events

@@ -20,85 +20,29 @@ import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-import psycopg
+# Run as a file too (python bench/admin_list_bench.py): the project's root on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench import harness
+from core.queries import QueryFile
+
 DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pin_profile_admin_bench"
 DAYS = 120  # markers live about [expiry - 30 days, expiry + 90 days]
-
-
-def ensure_database(url: str) -> None:
-    parts = urlsplit(url)
-    name = parts.path.lstrip("/")
-    admin_url = parts._replace(path="/postgres").geturl()
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        if conn.execute("select 1 from pg_database where datname = %s", (name,)).fetchone() is None:
-            conn.execute(f'create database "{name}"')
+LEDGER_SQL = QueryFile(Path(__file__).parent / "sql" / "admin_ledger.sql")
 
 
 def fill_ledger(rows: int) -> float:
-    """ROWS markers: 4 thresholds per document, 3 documents per owner, written day by day."""
+    """ROWS markers: 4 thresholds per document, 3 documents per owner, written day by day; a
+    week of outbox beside them, as the relay leaves it (bench/sql/admin_ledger.sql); seconds."""
     from django.db import connection
 
     started = time.perf_counter()
     with connection.cursor() as cursor:
         cursor.execute("truncate document_expiry_reminders, outbox_messages")
-        cursor.execute(
-            """
-            insert into document_expiry_reminders
-                (id, document_id, owner_user_id, type, threshold_days, expires_at, reminded_at,
-                 notified, run_id)
-            select gen_random_uuid(),
-                   md5('doc' || (i / 4))::uuid,
-                   md5('owner' || (i / 12))::uuid,
-                   (array['Passport', 'InternationalPassport', 'DriverLicense', 'ResidencePermit',
-                          'Visa'])[1 + (i / 4) %% 5],
-                   (array[30, 7, 1, 0])[1 + i %% 4],
-                   (day + 30)::date,
-                   day + interval '3 hours',
-                   i %% 4 = 1,
-                   md5('run' || day::date)::uuid
-            from generate_series(0, %(rows)s - 1) as i,
-                 lateral (select now()::date - %(days)s + (i::bigint * %(days)s / %(rows)s)::int
-                          as day) as d
-            """,
-            {"rows": rows, "days": DAYS},
-        )
-        # A week of outbox: one message per owner a day, a few waiting, a few parked.
-        cursor.execute(
-            """
-            insert into outbox_messages
-                (id, aggregate_type, aggregate_id, event_type, contract_version, topic, message_key,
-                 payload, headers, created_at, published_at, attempts, last_error, parked_at)
-            select gen_random_uuid(), 'Profile', owner, 'DocumentExpiryReminderKafkaEvent', 1,
-                   'pin.profile.document-expiry-reminders.v1', owner,
-                   jsonb_build_object('ownerUserId', owner, 'documents', '[]'::jsonb),
-                   jsonb_build_object('event_type', 'DocumentExpiryReminderKafkaEvent'),
-                   created, case when i %% 100 <> 0 then created + interval '1 second' end,
-                   case when i %% 1000 = 0 then 10 else 1 end,
-                   case when i %% 1000 = 0 then 'MSG_SIZE_TOO_LARGE' end,
-                   case when i %% 1000 = 0 then created + interval '1 minute' end
-            from generate_series(0, %(messages)s - 1) as i,
-                 lateral (select md5('owner' || i)::uuid::text as owner,
-                                 now() - (i %% 7) * interval '1 day' - (i %% 997) * interval '1 second'
-                                 as created) as m
-            """,
-            {"messages": max(rows // 40, 1000)},
-        )
-        # As the relay leaves them (docs/outbox-relay.md): the waiting and parked ones in the
-        # slow lane, the published ones in the stream behind the position, one batch.
-        cursor.execute(
-            """
-            update outbox_messages set detoured_at = created_at where published_at is null;
-            update outbox_messages set published_at = null where detoured_at is null;
-            update outbox_relay_position p set txid = l.txid, seq = l.seq
-            from (select txid, seq from outbox_messages order by txid desc, seq desc limit 1) l;
-            insert into outbox_relay_batches (upto_txid, upto_seq, published_at, messages)
-            select txid, seq, now(), (select count(*) from outbox_messages) from outbox_relay_position;
-            """
-        )
+        cursor.execute(LEDGER_SQL["fill_ledger_markers"], {"rows": rows, "days": DAYS})
+        cursor.execute(LEDGER_SQL["fill_outbox_week"], {"messages": max(rows // 40, 1000)})
+        cursor.execute(LEDGER_SQL["outbox_as_relayed"])
     with connection.cursor() as cursor:
         cursor.execute("vacuum analyze document_expiry_reminders")
         cursor.execute("vacuum analyze outbox_messages")
@@ -163,13 +107,14 @@ def time_pages(loads: int) -> list[dict[str, Any]]:
     client.force_login(user)
     results = []
     for label, url in pages():
-        client.get(url)  # warm the cache and the connection, as an operator's second click would
+        # over HTTPS, as production serves it (its settings redirect plain HTTP)
+        client.get(url, secure=True)  # warm up, as an operator's second click would
         times: list[float] = []
         queries: list[dict[str, str]] = []
         for _ in range(loads):
             with CaptureQueriesContext(connection) as captured:
                 started = time.perf_counter()
-                response = client.get(url)
+                response = client.get(url, secure=True)
                 times.append((time.perf_counter() - started) * 1000)
             if response.status_code != 200:
                 raise SystemExit(f"{label}: HTTP {response.status_code} for {url}")
@@ -181,47 +126,39 @@ def time_pages(loads: int) -> list[dict[str, Any]]:
     return results
 
 
+def _print_table(results: list[dict[str, Any]], rows: int, loads: int, *, show_sql: bool) -> None:
+    print(f"\nadmin page load times, {rows:,} ledger rows, {loads} loads each (server side, "
+          "Django test client)")
+    print(f"{'page':<34} {'median ms':>10} {'max ms':>8} {'queries':>8} {'slowest SQL ms':>15}")
+    for r in results:
+        print(f"{r['page']:<34} {r['median_ms']:>10.1f} {r['max_ms']:>8.1f} {r['queries']:>8}"
+              f" {r['slowest_sql_ms']:>15.1f}")
+        if show_sql:
+            print(f"    {r['slowest_sql'][:400]}")
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, default=3_000_000, help="ledger markers (default 3,000,000)")
     parser.add_argument("--loads", type=int, default=7, help="timed loads per page (default 7)")
     parser.add_argument("--rebuild", action="store_true", help="refill the ledger even if its size matches")
     parser.add_argument("--show-sql", action="store_true", help="print each page's slowest SQL statement")
     args = parser.parse_args()
-
-    url = os.environ.setdefault("DATABASE_URL", DEFAULT_URL)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pin_profile.settings")
-    sys.path.insert(0, str(ROOT))
-    ensure_database(url)
-
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    harness.setup_django(os.environ.get("DATABASE_URL", DEFAULT_URL), fresh=False)
     from django.test.utils import setup_test_environment
 
     from core.db import apply_sql_file
     from devtools.demo_data import PERSON_DOCUMENTS_SQL
 
     setup_test_environment()  # lets the test client through ALLOWED_HOSTS
-    call_command("migrate", verbosity=0)
     apply_sql_file(PERSON_DOCUMENTS_SQL)  # the overview's backlog census reads it (empty here)
     rows = ledger_rows()
     if args.rebuild or rows != args.rows:
         print(f"filling the ledger with {args.rows:,} markers ...", flush=True)
         print(f"filled in {fill_ledger(args.rows):.1f} s", flush=True)
         rows = ledger_rows()
-
-    results = time_pages(args.loads)
-    print(f"\nadmin page load times, {rows:,} ledger rows, {args.loads} loads each (server side, "
-          "Django test client)")
-    print(f"{'page':<34} {'median ms':>10} {'max ms':>8} {'queries':>8} {'slowest SQL ms':>15}")
-    for r in results:
-        print(f"{r['page']:<34} {r['median_ms']:>10.1f} {r['max_ms']:>8.1f} {r['queries']:>8}"
-              f" {r['slowest_sql_ms']:>15.1f}")
-        if args.show_sql:
-            print(f"    {r['slowest_sql'][:400]}")
+    _print_table(time_pages(args.loads), rows, args.loads, show_sql=args.show_sql)
     return 0
 
 

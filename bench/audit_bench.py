@@ -1,4 +1,4 @@
-"""The audit's cost (issue 23): `manage.py audit_reminders`, as its role in a subprocess, timed
+"""The audit's cost: `manage.py audit_reminders`, as its role in a subprocess, timed
 (wall seconds, peak RSS) on a benchmark data set after the worker's cycles.
 
     python -m bench.audit_bench --shape steady                     # 10M documents, steady
@@ -12,29 +12,17 @@ the second warm). With --topic: one relay pass of the outbox to a Tansu broker p
 must be clean. Prints a table and writes JSON (bench/results/audit-latest.json).
 """
 
-import argparse
 import json
 import os
-import platform
 import sys
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, date, datetime, timedelta
-from datetime import time as clock_time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from bench import dataset, worker
-from bench.bench_reminders import (
-    RESULTS,
-    BenchConfig,
-    _dataset_tag,
-    _existing_tag,
-    _one,
-    _quiet,
-    _yesterday,
-    build_database,
-    connect,
-)
+from bench import dataset, harness, worker
+from bench.dataset import DatasetConfig
+from bench.harness import RESULTS, Log, connect, one, quiet
 from core.roles import AUDITOR_ROLE, RELAY_ROLE, ROLES_SQL, WORKER_ROLE
 
 
@@ -50,7 +38,7 @@ class AuditPhase:
     load: tuple[float, float, float] = field(default_factory=os.getloadavg)
 
 
-def _audit(name: str, config: BenchConfig, logs: Path, *args: str,
+def _audit(name: str, config: DatasetConfig, logs: Path, *args: str,
            env: dict[str, str] | None = None) -> AuditPhase:
     run = worker.run_command(["audit_reminders", "--format", "json", *args],
                              config.url(user=AUDITOR_ROLE), logs / f"{name}.log", env)
@@ -61,12 +49,12 @@ def _audit(name: str, config: BenchConfig, logs: Path, *args: str,
                       {c["name"]: c["examined"] for c in body.get("checks", [])})
 
 
-def _cycles(config: BenchConfig, logs: Path, log: Any) -> dict[str, int]:
+def _cycles(config: DatasetConfig, logs: Path, log: Log) -> dict[str, int]:
     """The cold cycle, then the next day's as a loop cycle; the ledger's and outbox's sizes."""
     with connect(config.url()) as conn:
         # the audit role of this version, on a data set built before it
         conn.execute(ROLES_SQL.read_text(encoding="utf-8").encode())
-        markers = int(_one(conn, "select count(*) from document_expiry_reminders")[0])
+        markers = int(one(conn, "select count(*) from document_expiry_reminders")[0])
     if markers == 0:
         for as_of in (config.as_of, config.as_of + timedelta(days=1)):
             log(f"cycle as of {as_of.date()} ...")
@@ -79,71 +67,68 @@ def _cycles(config: BenchConfig, logs: Path, log: Any) -> dict[str, int]:
                          " where as_of = %s", (config.as_of + timedelta(days=1),))
     with connect(config.url()) as conn:
         conn.execute("vacuum analyze")
-        _quiet(conn)
+        quiet(conn)
         return {
-            "documents": int(_one(conn, "select count(*) from person_documents")[0]),
-            "ledger_rows": int(_one(conn, "select count(*) from document_expiry_reminders")[0]),
-            "outbox_events": int(_one(conn, "select count(*) from outbox_messages")[0]),
+            "documents": int(one(conn, "select count(*) from person_documents")[0]),
+            "ledger_rows": int(one(conn, "select count(*) from document_expiry_reminders")[0]),
+            "outbox_events": int(one(conn, "select count(*) from outbox_messages")[0]),
         }
 
 
-def run(config: BenchConfig, *, topic: bool, logs: Path, log: Any = print,
+def _log_audit(name: str, phase: AuditPhase, log: Log) -> AuditPhase:
+    log(f"{name}: {phase.wall_seconds:.1f} s, {phase.peak_rss_mb:.0f} MB, "
+        f"findings {phase.findings}")
+    return phase
+
+
+def _against_topic(config: DatasetConfig, logs: Path, log: Log
+                   ) -> tuple[dict[str, Any], list[AuditPhase]]:
+    """One relay pass of the outbox to a fresh Tansu broker, then the audit --against-topic
+    twice: what the relay reported, the audits."""
+    from tests.support.tansu_support import TansuBroker
+
+    with connect(config.url()) as conn:
+        # a fresh broker each run: the relay's stream starts over (a bench, not a fault)
+        conn.execute("update outbox_relay_position set (txid, seq) = ('0'::xid8, 0)")
+        conn.execute("delete from outbox_relay_batches")
+    phases = []
+    with TansuBroker(logs / "tansu", schema_registry=False).start() as broker:
+        log("relay pass to Tansu ...")
+        _relay_run, relay = worker.run_relay(config.url(user=RELAY_ROLE),
+                                             broker.bootstrap_servers, logs / "relay.log")
+        log(f"  {relay}")
+        env = {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers}
+        for name in ("audit --against-topic (1)", "audit --against-topic (2)"):
+            phases.append(_log_audit(name, _audit(
+                name.replace(" ", "_"), config, logs, "--against-topic", "--kafka-timeout", "30m",
+                env=env), log))
+    return relay, phases
+
+
+def run(config: DatasetConfig, *, topic: bool, logs: Path, log: Log = print,
         database_audits: bool = True) -> dict[str, Any]:
-    phases: list[AuditPhase] = []
-    if config.reuse and _existing_tag(config) == _dataset_tag(config):
-        log(f"reusing {config.database} ({_dataset_tag(config)})")
-    else:
-        log(f"building {config.database}: {config.shape}, {config.documents:,} documents ...")
-        log(f"  built in {build_database(config).seconds:.1f} s")
+    dataset.prepare(config, log)
     sizes = _cycles(config, logs, log)
     log(f"sizes: {sizes}")
-    for name in ("audit (cold)", "audit (warm)") if database_audits else ():
-        phases.append(_audit(name.replace(" ", "_"), config, logs))
-        log(f"{name}: {phases[-1].wall_seconds:.1f} s, {phases[-1].peak_rss_mb:.0f} MB, "
-            f"findings {phases[-1].findings}")
+    phases = [_log_audit(name, _audit(name.replace(" ", "_"), config, logs), log)
+              for name in (("audit (cold)", "audit (warm)") if database_audits else ())]
     relay: dict[str, Any] = {}
     if topic:
-        from tests.support.tansu_support import TansuBroker
-
-        with connect(config.url()) as conn:
-            # a fresh broker each run: the relay's stream starts over (a bench, not a fault)
-            conn.execute("update outbox_relay_position set (txid, seq) = ('0'::xid8, 0)")
-            conn.execute("delete from outbox_relay_batches")
-        with TansuBroker(logs / "tansu", schema_registry=False).start() as broker:
-            log("relay pass to Tansu ...")
-            _relay_run, relay = worker.run_relay(config.url(user=RELAY_ROLE), broker.bootstrap_servers,
-                                           logs / "relay.log")
-            log(f"  {relay}")
-            env = {"KAFKA_BOOTSTRAP_SERVERS": broker.bootstrap_servers}
-            for name in ("audit --against-topic (1)", "audit --against-topic (2)"):
-                phases.append(_audit(name.replace(" ", "_"), config, logs, "--against-topic",
-                                     "--kafka-timeout", "30m", env=env))
-                log(f"{name}: {phases[-1].wall_seconds:.1f} s, {phases[-1].peak_rss_mb:.0f} MB, "
-                    f"findings {phases[-1].findings}")
+        relay, against = _against_topic(config, logs, log)
+        phases += against
     with connect(config.url()) as conn:
-        server = str(_one(conn, "show server_version")[0])
+        server = str(one(conn, "show server_version")[0])
     return {
         "shape": config.shape, "documents": config.documents, "database": config.database,
         "as_of": config.as_of.isoformat(), "sizes": sizes, "relay": relay,
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "host": {"cpus": os.cpu_count(), "python": platform.python_version(),
-                 "postgres": server, "load_at_end": os.getloadavg()},
-        "phases": [asdict(p) for p in phases],
+        "host": harness.host(server), "phases": [asdict(p) for p in phases],
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--shape", choices=dataset.SHAPES, default="steady")
-    parser.add_argument("-n", "--documents", type=int)
-    parser.add_argument("--server", default=os.environ.get(
-        "BENCH_SERVER_URL", "postgres://postgres@127.0.0.1:5432"))
-    parser.add_argument("--database", default="")
-    parser.add_argument("--seed", type=int, default=6)
-    parser.add_argument("--as-of", type=date.fromisoformat,
-                        help="the cold cycle's UTC date (default: yesterday; the next day's "
-                             "cycle is today at midnight)")
-    parser.add_argument("--reuse", action="store_true")
+    parser = harness.parser_for(__doc__)
+    dataset.add_arguments(parser, default_shape="steady")
     parser.add_argument("--topic", action="store_true",
                         help="also publish to Tansu and audit --against-topic")
     parser.add_argument("--topic-only", action="store_true",
@@ -152,18 +137,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="the commands' logs and output (bench/.audit-logs)")
     parser.add_argument("--json", type=Path, default=RESULTS / "audit-latest.json")
     args = parser.parse_args(argv)
-    config = BenchConfig(
-        shape=args.shape, documents=args.documents or dataset.DEFAULT_SIZES[args.shape],
-        server_url=args.server, database=args.database, seed=args.seed,
-        as_of=datetime.combine(args.as_of, clock_time(0), tzinfo=UTC) if args.as_of
-        else _yesterday(), reuse=args.reuse, pipeline=False)
+    config = DatasetConfig(**dataset.config_fields(args))
     args.logs.mkdir(parents=True, exist_ok=True)
     result = run(config, topic=args.topic, logs=args.logs, database_audits=not args.topic_only)
     for p in result["phases"]:
         print(f"{p['name']:<28} {p['wall_seconds']:>7.1f} s {p['peak_rss_mb']:>6.0f} MB "
               f"cpu {p['cpu_seconds']:>5.1f} s  exit {p['exit_code']}  findings {p['findings']}")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    harness.write_json(args.json, result)
     print(f"wrote {args.json}")
     return 0 if all(p["exit_code"] == 0 for p in result["phases"]) else 1
 

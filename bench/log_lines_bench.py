@@ -1,4 +1,4 @@
-"""CPU per "reminder queued" line (issue 15): the cycle's per-reminder work, from the claim
+"""CPU per "reminder queued" line: the cycle's per-reminder work, from the claim
 statement's rows to the bytes written, on both of the worker's threads.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres python -m bench.log_lines_bench
@@ -28,7 +28,7 @@ def _fetch_batches(url: str, batches: int, batch: int
     """The batches' rows, and the CPU seconds this thread spent reading them."""
     import psycopg
 
-    from bench.bench_reminders import bench_query
+    from bench.harness import bench_query
 
     out: list[list[tuple[Any, ...]]] = []
     cpu = 0.0

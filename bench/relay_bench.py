@@ -1,4 +1,4 @@
-"""Relay benchmark (issues 6, 15 and 33): events per second from outbox rows to acknowledged
+"""Relay benchmark: events per second from outbox rows to acknowledged
 delivery on librdkafka's mock cluster, beside a raw confluent-kafka producer sending the same
 messages from memory (the floor: no database at all), in one run.
 
@@ -18,7 +18,8 @@ apart.
 
 A batch size is `default` (the relay's own settings: no OUTBOX_BATCH_SIZE; reads start small
 and grow, outbox.read_size), `N` (OUTBOX_BATCH_SIZE=N: reads grow up to N) or `N-fixed` (every
-read N rows: OUTBOX_BATCH_SIZE_MIN=N too, the relay before issue 33).
+read N rows: OUTBOX_BATCH_SIZE_MIN=N too, as the relay read before its reads grew).
+bench/relay_config.py reads them; bench/outbox_rows.py writes the rows.
 
 `--bootstrap` measures against a broker already running there (a Tansu process, for one)
 instead of librdkafka's in-process mock cluster. It creates a fresh database
@@ -29,7 +30,6 @@ cannot rot.
 """
 
 import argparse
-import json
 import multiprocessing
 import os
 import queue
@@ -39,57 +39,24 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_URL = "postgres://postgres@127.0.0.1:5432/pin_profile_relay_bench"
+# Run as a file too (python bench/relay_bench.py): the project's root on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import harness
+from bench.harness import ROOT, brokers, database_url, quiet_kafka_logger, warm_up
+from bench.outbox_rows import BenchMessage, bench_messages, load_outbox
+from bench.relay_config import BatchSpec, relay_environ
 
 RAW = "raw producer (from memory)"
 RELAY = "relay (outbox -> acknowledged)"
 RELAY_RUN = "publish_outbox pass, start-up in"
 DB_ONLY = "database only (read + position)"
 _PUBLISHED = re.compile(r"^Relay pass: (\d+) published", re.MULTILINE)
-
-
-@dataclass(frozen=True)
-class BatchSpec:
-    """The relay's read sizes for a line: its defaults (both None), a ceiling (reads grow up to
-    it), or a fixed size (floor = ceiling)."""
-
-    ceiling: int | None = None
-    floor: int | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> "BatchSpec":
-        if text == "default":
-            return cls()
-        if text.endswith("-fixed"):
-            size = int(text.removesuffix("-fixed"))
-            return cls(size, size)
-        return cls(int(text))
-
-    @property
-    def label(self) -> str:
-        if self.ceiling is None:
-            return "default"
-        return f"{self.ceiling} fixed" if self.floor == self.ceiling else f"<={self.ceiling}"
-
-    def environ(self) -> dict[str, str]:
-        """The relay's variables for it (none for the defaults)."""
-        sizes = {"OUTBOX_BATCH_SIZE": self.ceiling, "OUTBOX_BATCH_SIZE_MIN": self.floor}
-        return {name: str(value) for name, value in sizes.items() if value is not None}
-
-    def settings(self, **fields: Any) -> Any:
-        """RelaySettings with these read sizes (the defaults' where unset)."""
-        from outbox.config import RelaySettings
-
-        return RelaySettings(**fields).with_overrides(batch_size=self.ceiling,
-                                                      batch_size_min=self.floor)
 
 
 @dataclass(frozen=True)
@@ -108,81 +75,6 @@ class Measurement:
         return self.events / self.seconds if self.seconds else float("inf")
 
 
-@dataclass(frozen=True)
-class BenchMessage:
-    id: uuid.UUID
-    key: str
-    payload: str
-    headers: dict[str, str]
-    created_at: datetime
-
-
-def bench_messages(count: int, topic_seed: int = 0) -> list[BenchMessage]:
-    """`count` reminder events, one per owner (as a cycle writes them), ~400 bytes each."""
-    base = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
-    messages = []
-    for n in range(count):
-        owner = str(uuid.UUID(int=(topic_seed << 64) + n + 1, version=4))
-        message_id = uuid.uuid4()
-        payload = json.dumps({
-            "ownerUserId": owner,
-            "remindedAt": "2026-11-29T03:00:00Z",
-            "documents": [{"documentId": str(uuid.uuid4()), "type": "Passport",
-                           "numberMask": f"45 ** ****{n % 100:02d}", "expiresAt": "2026-12-06",
-                           "thresholdDays": 7, "daysLeft": 7}],
-        })
-        created_at = base + timedelta(microseconds=n)
-        # What outbox_headers() stores for the worker (outbox migrations 0010 and 0014).
-        headers = {"message_id": str(message_id), "correlation_id": str(uuid.uuid4()),
-                   "event_type": "DocumentExpiryReminderKafkaEvent", "contract_version": "1",
-                   "aggregate_type": "Profile", "aggregate_id": owner,
-                   "ce_specversion": "1.0", "ce_id": str(message_id),
-                   "ce_source": "/pin/profile/document-expiry-reminder",
-                   "ce_type": "pin.profile.document-expiry-reminder.v1",
-                   "ce_time": created_at.strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-                   "ce_subject": owner, "content-type": "application/json"}
-        messages.append(BenchMessage(message_id, owner, payload, headers, created_at))
-    return messages
-
-
-def load_outbox(messages: Iterable[BenchMessage], topic: str, using: str = "default", *,
-                analyze: bool = True) -> None:
-    """COPY the messages into outbox_messages as unpublished rows (then VACUUM ANALYZE the
-    table, unless `analyze` is false)."""
-    from core.db import raw_connection
-
-    conn = raw_connection(using)
-    columns = ("id, aggregate_type, aggregate_id, event_type, contract_version, topic, "
-               "message_key, payload, headers, created_at, attempts")
-    with conn.transaction(), conn.cursor() as cur, cur.copy(
-        f"copy outbox_messages ({columns}) from stdin"
-    ) as copy:
-        for m in messages:
-            copy.write_row((m.id, "Profile", m.key, m.headers["event_type"], 1, topic, m.key,
-                            m.payload, json.dumps(m.headers), m.created_at, 0))
-    with conn.cursor() as cur:
-        if analyze and conn.autocommit:
-            cur.execute("vacuum analyze outbox_messages")
-
-
-def _warm_up(bootstrap: str, topic: str) -> None:
-    """Create the topic and load its metadata, so neither side pays for auto-creation."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "logger": _quiet_logger()})
-    producer.produce(topic, b"warm-up")
-    if producer.flush(30):
-        raise RuntimeError(f"could not warm up {topic} on {bootstrap}")
-
-
-def _quiet_logger() -> Any:
-    import logging
-
-    logger = logging.getLogger("bench.kafka")
-    logger.setLevel(logging.ERROR)
-    return logger
-
-
 def measure_raw(messages: list[BenchMessage], bootstrap: str, topic: str,
                 linger_ms: int) -> Measurement:
     """The floor: the relay's producer configuration, the same records, straight from memory."""
@@ -191,7 +83,7 @@ def measure_raw(messages: list[BenchMessage], bootstrap: str, topic: str,
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True,
                          "acks": "all", "linger.ms": linger_ms,
                          "queue.buffering.max.messages": max(100_000, len(messages)),
-                         "logger": _quiet_logger()})
+                         "logger": quiet_kafka_logger()})
     # The headers the relay sends: the row's thirteen (read_stream).
     records = [(m.key.encode(), m.payload.encode(),
                 [(k, v.encode()) for k, v in m.headers.items()],
@@ -216,14 +108,6 @@ def measure_raw(messages: list[BenchMessage], bootstrap: str, topic: str,
     if remaining or failed:
         raise RuntimeError(f"raw producer: {remaining} undelivered, {len(failed)} failed")
     return Measurement(RAW, len(messages), None, seconds, load_1m=os.getloadavg()[0])
-
-
-def _database_url(using: str) -> str:
-    from django.db import connections
-
-    settings = connections[using].settings_dict
-    return (f"postgres://{settings['USER']}@{settings['HOST'] or '127.0.0.1'}:"
-            f"{settings['PORT'] or 5432}/{settings['NAME']}")
 
 
 @dataclass(frozen=True)
@@ -277,7 +161,7 @@ def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, b
     _fresh_outbox(messages, topic, using)
     context = multiprocessing.get_context("spawn")
     ready, start, results = context.Semaphore(0), context.Event(), context.Queue()
-    job = RelayJob(_database_url(using), bootstrap, batch, linger_ms, topic)
+    job = RelayJob(database_url(using), bootstrap, batch, linger_ms, topic)
     processes = [context.Process(target=_relay_process, args=(job, ready, start, results))
                  for _ in range(relays)]
     for process in processes:
@@ -306,18 +190,6 @@ def measure_relay(messages: list[BenchMessage], bootstrap: str, topic: str, *, b
                        batch.label, os.getloadavg()[0])
 
 
-def relay_environ(database_url: str, bootstrap: str, batch: BatchSpec, topic: str, *,
-                  drop: tuple[str, ...] = ("OUTBOX_", "KAFKA_")) -> dict[str, str]:
-    """This process's environment for a relay process of its own: none of its variables
-    that start with `drop`, the database and the brokers given, `batch`'s read sizes, and
-    `topic` the one the relay may publish to (OUTBOX_TOPICS)."""
-    environ = {name: value for name, value in os.environ.items() if not name.startswith(drop)}
-    environ.update(DATABASE_URL=database_url, KAFKA_BOOTSTRAP_SERVERS=bootstrap,
-                   DJANGO_SETTINGS_MODULE="pin_profile.settings", OUTBOX_TOPICS=topic,
-                   **batch.environ())
-    return environ
-
-
 def measure_pass(messages: list[BenchMessage], bootstrap: str, topic: str, *, batch: BatchSpec,
                  linger_ms: int, using: str = "default") -> Measurement:
     """One `manage.py publish_outbox` pass in a process of its own, with the relay's settings
@@ -326,7 +198,7 @@ def measure_pass(messages: list[BenchMessage], bootstrap: str, topic: str, *, ba
     Python's and Django's start-up, the broker and topic checks, the summary and the prune
     included. Its peak RSS is its own (bench.peak_rss)."""
     _fresh_outbox(messages, topic, using)
-    environ = relay_environ(_database_url(using), bootstrap, batch, topic)
+    environ = relay_environ(database_url(using), bootstrap, batch, topic)
     environ.pop("LOG_LEVEL", None)  # the relay's default logging, to a file
     if linger_ms != 5:
         environ["OUTBOX_LINGER"] = f"{linger_ms}ms"
@@ -378,6 +250,33 @@ def measure_db_floor(messages: list[BenchMessage], batch: BatchSpec,
                        load_1m=os.getloadavg()[0])
 
 
+def _measure_count(messages: list[BenchMessage], servers: str, topic: str, *,
+                   specs: list[BatchSpec], relays: list[int], whole_pass: bool, db_floor: bool,
+                   linger_ms: int, using: str) -> list[Measurement]:
+    """One event count's lines: the raw producer, per batch size a `publish_outbox` pass (with
+    `whole_pass`) and the relay with each number of processes, then the database alone. Each
+    Kafka line on a fresh topic, named `topic` and what it measures."""
+    # Every side with the relay's collector settings, the messages out of its walks.
+    from core.garbage import relax_garbage_collection
+
+    relax_garbage_collection()
+    warm_up(servers, f"{topic}.raw")
+    results = [measure_raw(messages, servers, f"{topic}.raw", linger_ms)]
+    for number, batch in enumerate(specs):
+        if whole_pass:
+            warm_up(servers, f"{topic}.pass.{number}")
+            results.append(measure_pass(messages, servers, f"{topic}.pass.{number}",
+                                        batch=batch, linger_ms=linger_ms, using=using))
+        for processes in relays:
+            line_topic = f"{topic}.relay.{number}.{processes}"
+            warm_up(servers, line_topic)
+            results.append(measure_relay(messages, servers, line_topic, batch=batch,
+                                         linger_ms=linger_ms, relays=processes, using=using))
+    if db_floor:
+        results.append(measure_db_floor(messages, specs[0], using))
+    return results
+
+
 def measure(events: list[int], *, batch_size: int | None = None,
             batches: list[BatchSpec] | None = None, relays: list[int] | None = None,
             whole_pass: bool = False, db_floor: bool = True, linger_ms: int = 5,
@@ -388,34 +287,14 @@ def measure(events: list[int], *, batch_size: int | None = None,
     database alone (the first batch size). Each Kafka line on a fresh topic of one mock cluster
     (or of the broker at `bootstrap`)."""
     specs = batches or [BatchSpec(batch_size) if batch_size else BatchSpec()]
-    from core.garbage import relax_garbage_collection
-    from devtools.mock_kafka import MockKafkaCluster
-
     results = []
     run = uuid.uuid4().hex[:8]  # a broker that outlives the run gets new topics each time
-    with MockKafkaCluster(3) as cluster:
-        servers = bootstrap or cluster.bootstrap_servers
+    with brokers(bootstrap) as servers:
         for count in events:
-            messages = bench_messages(count)
-            # Every side with the relay's collector settings, the messages out of its walks.
-            relax_garbage_collection()
-            raw_topic = f"bench.raw.{run}.{count}"
-            _warm_up(servers, raw_topic)
-            results.append(measure_raw(messages, servers, raw_topic, linger_ms))
-            for number, batch in enumerate(specs):
-                if whole_pass:
-                    topic = f"bench.pass.{run}.{count}.{number}"
-                    _warm_up(servers, topic)
-                    results.append(measure_pass(messages, servers, topic, batch=batch,
-                                                linger_ms=linger_ms, using=using))
-                for processes in [1, 2] if relays is None else relays:
-                    topic = f"bench.relay.{run}.{count}.{number}.{processes}"
-                    _warm_up(servers, topic)
-                    results.append(measure_relay(messages, servers, topic, batch=batch,
-                                                 linger_ms=linger_ms, relays=processes,
-                                                 using=using))
-            if db_floor:
-                results.append(measure_db_floor(messages, specs[0], using))
+            results += _measure_count(
+                bench_messages(count), servers, f"bench.{run}.{count}", specs=specs,
+                relays=[1, 2] if relays is None else relays, whole_pass=whole_pass,
+                db_floor=db_floor, linger_ms=linger_ms, using=using)
     return results
 
 
@@ -437,18 +316,8 @@ def table(results: list[Measurement]) -> str:
     return "\n".join(lines)
 
 
-def _fresh_database(url: str) -> None:
-    import psycopg
-
-    name = url.rsplit("/", 1)[1]
-    admin = url.rsplit("/", 1)[0] + "/postgres"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'drop database if exists "{name}" with (force)')
-        conn.execute(f'create database "{name}"')
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+def _parser() -> argparse.ArgumentParser:
+    parser = harness.parser_for(__doc__)
     parser.add_argument("--events", type=int, action="append",
                         help="events per measurement, repeatable (default: 100000 and 1000000)")
     parser.add_argument("--relays", type=int, action="append",
@@ -472,20 +341,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1,
                         help="run every line this many times, alternated (raw, relay, raw, "
                         "relay, ...), each on fresh topics (default 1)")
-    args = parser.parse_args(argv)
-    url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL)
-    _fresh_database(url)
-    os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pin_profile.settings")
-    os.environ.setdefault("LOG_LEVEL", "ERROR")
-    sys.path.insert(0, str(ROOT))
-    import django
-    from django.core.management import call_command
+    return parser
 
-    django.setup()
-    call_command("migrate", verbosity=0)
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    harness.setup_django(os.environ.get("BENCH_DATABASE_URL", harness.RELAY_DATABASE_URL))
     relays = [n for n in args.relays or [1, 2] if n > 0]
-    load_before = " ".join(f"{n:.1f}" for n in os.getloadavg())
+    load_before = harness.load_average()
     results = []
     for _ in range(args.repeat):
         results += measure(args.events or [100_000, 1_000_000],
@@ -493,14 +356,12 @@ def main(argv: list[str] | None = None) -> int:
                            whole_pass=args.whole_pass, db_floor=args.db_floor,
                            linger_ms=args.linger_ms, bootstrap=args.bootstrap)
     broker = f"the broker at {args.bootstrap}" if args.bootstrap else "mock cluster of 3 brokers"
-    load = " ".join(f"{n:.1f}" for n in os.getloadavg())
     print(f"relay benchmark: {broker}, linger {args.linger_ms} ms, {os.cpu_count()} cores, "
-          f"load average at the start {load_before}, at the end {load}")
+          f"load average at the start {load_before}, at the end {harness.load_average()}")
     print(table(results))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(
-            [{**asdict(r), "per_second": r.per_second} for r in results], indent=2) + "\n")
+        harness.write_json(args.json, [{**asdict(r), "per_second": r.per_second}
+                                       for r in results])
     return 0
 
 

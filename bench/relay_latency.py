@@ -1,11 +1,11 @@
-"""Relay latency benchmark (issue 33): how long an event waits from its insert to its recorded,
+"""Relay latency benchmark: how long an event waits from its insert to its recorded,
 acknowledged delivery while the stream is nearly caught up, for the relay's read sizes.
 
     python bench/relay_latency.py [--batch-size default --batch-size 5000-fixed]
                                   [--shape trickle --shape bursts] [--seconds 8] [--json PATH]
                                   [--bootstrap HOST:PORT,...]
 
-For each shape and batch size (as bench/relay_bench.py reads them: `default`, `N`, `N-fixed`):
+For each shape and batch size (as bench/relay_config.py reads them: `default`, `N`, `N-fixed`):
 a `manage.py publish_outbox --loop` process with the relay's settings but for the batch size,
 on librdkafka's mock cluster (3 brokers, in this process) or the cluster at `--bootstrap`
 (Apache Kafka itself: scripts/kafka.sh start; its topics auto-created replicated 3 times with
@@ -18,8 +18,6 @@ acknowledgement). Prints the percentiles; creates a fresh database (BENCH_DATABA
 relay_bench does).
 """
 
-import argparse
-import json
 import os
 import signal
 import subprocess
@@ -29,12 +27,15 @@ import time
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from bench.relay_bench import BatchSpec
+# Run as a file too (python bench/relay_latency.py): the project's root on the path.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench import harness
+from bench.harness import ROOT, brokers, database_url, warm_up
+from bench.outbox_rows import bench_messages, load_outbox
+from bench.relay_config import BatchSpec, relay_environ
 
 SHAPES = {"trickle": (10, 0.010), "bursts": (500, 0.500)}  # rows a write, seconds between
 
@@ -53,10 +54,8 @@ class Latency:
     load_1m: float
 
 
-def _relay_loop(url: str, bootstrap: str, batch: "BatchSpec", topic: str,
+def _relay_loop(url: str, bootstrap: str, batch: BatchSpec, topic: str,
                 log: Path) -> subprocess.Popen[str]:
-    from bench.relay_bench import relay_environ
-
     environ = relay_environ(url, bootstrap, batch, topic,
                             drop=("OUTBOX_", "KAFKA_", "METRICS_"))
     with log.open("w") as output:
@@ -82,31 +81,21 @@ def _waiting(cursor: Any) -> int:
     return int(cursor.fetchone()[0])
 
 
-def measure_latency(shape: str, batch: "BatchSpec", bootstrap: str, topic: str, *, seconds: float,
+def measure_latency(shape: str, batch: BatchSpec, bootstrap: str, topic: str, *, seconds: float,
                     seed: int, start_s: float = 30.0) -> Latency:
     """One shape's latencies with one batch size, once the relay leads (it gets `start_s` to
     start and lead)."""
     from django.db import connection
 
-    from bench.relay_bench import _database_url, bench_messages, load_outbox
-
     rows, every = SHAPES[shape]
     with connection.cursor() as cursor:
         cursor.execute("truncate outbox_messages")
     with tempfile.TemporaryDirectory(prefix="relay-latency-") as scratch:
-        relay = _relay_loop(_database_url("default"), bootstrap, batch, topic,
+        relay = _relay_loop(database_url("default"), bootstrap, batch, topic,
                             Path(scratch) / "log")
         try:
             _wait_until_leading(relay, Path(scratch) / "log", start_s)
-            started = time.monotonic()
-            written = 0
-            while time.monotonic() - started < seconds:
-                now = datetime.now(UTC)
-                burst = [replace(m, created_at=now)
-                         for m in bench_messages(rows, topic_seed=seed + written)]
-                load_outbox(burst, topic, analyze=False)
-                written += rows
-                time.sleep(max(0.0, started + written / rows * every - time.monotonic()))
+            _write_rows(topic, rows, every, seconds=seconds, seed=seed)
             deadline = time.monotonic() + 60
             with connection.cursor() as cursor:
                 while _waiting(cursor) and time.monotonic() < deadline:
@@ -132,8 +121,30 @@ def measure_latency(shape: str, batch: "BatchSpec", bootstrap: str, topic: str, 
                    os.getloadavg()[0])
 
 
+def _write_rows(topic: str, rows: int, every: float, *, seconds: float, seed: int) -> None:
+    """`rows` outbox rows every `every` seconds for `seconds`, each write one transaction whose
+    rows carry the time of the insert."""
+    started = time.monotonic()
+    written = 0
+    while time.monotonic() - started < seconds:
+        now = datetime.now(UTC)
+        burst = [replace(m, created_at=now)
+                 for m in bench_messages(rows, topic_seed=seed + written)]
+        load_outbox(burst, topic, analyze=False)
+        written += rows
+        time.sleep(max(0.0, started + written / rows * every - time.monotonic()))
+
+
+def _print_table(results: list[Latency]) -> None:
+    print(f"{'shape':<8} {'batch':>10} {'events':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
+          f"{'max ms':>7} {'mean ms':>7} {'batches':>7} {'load':>5}")
+    for r in results:
+        print(f"{r.shape:<8} {r.batch:>10} {r.events:>7} {r.p50_ms:>7} {r.p95_ms:>7} "
+              f"{r.p99_ms:>7} {r.max_ms:>7} {r.mean_ms:>7} {r.batches:>7} {r.load_1m:>5.1f}")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser = harness.parser_for(__doc__)
     parser.add_argument("--batch-size", action="append", metavar="default|N|N-fixed")
     parser.add_argument("--shape", choices=sorted(SHAPES), action="append")
     parser.add_argument("--seconds", type=float, default=8.0)
@@ -141,41 +152,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bootstrap", metavar="HOST:PORT,...",
                         help="a running cluster (default: librdkafka's mock cluster)")
     args = parser.parse_args(argv)
-    sys.path.insert(0, str(ROOT))
-    from bench.relay_bench import DEFAULT_URL, BatchSpec, _fresh_database, _warm_up
-
-    url = os.environ.get("BENCH_DATABASE_URL", DEFAULT_URL)
-    _fresh_database(url)
-    os.environ["DATABASE_URL"] = url
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "pin_profile.settings")
-    os.environ.setdefault("LOG_LEVEL", "ERROR")
-    import django
-    from django.core.management import call_command
-
-    from devtools.mock_kafka import MockKafkaCluster
-
-    django.setup()
-    call_command("migrate", verbosity=0)
+    harness.setup_django(os.environ.get("BENCH_DATABASE_URL", harness.RELAY_DATABASE_URL))
     results = []
     run = os.urandom(4).hex()  # a cluster that outlives the run gets new topics each time
-    with MockKafkaCluster(3) as cluster:
-        servers = args.bootstrap or cluster.bootstrap_servers
+    with brokers(args.bootstrap) as servers:
         for number, shape in enumerate(args.shape or ["trickle", "bursts"]):
             for spec in [BatchSpec.parse(b) for b in args.batch_size or ["default", "5000-fixed"]]:
                 topic = f"bench.latency.{run}.{shape}.{spec.label.replace(' ', '-')}"
-                _warm_up(servers, topic)
+                warm_up(servers, topic)
                 results.append(measure_latency(shape, spec, servers, topic,
                                                seconds=args.seconds, seed=(number + 1) << 32))
     where = f"the cluster at {args.bootstrap}" if args.bootstrap else "mock cluster of 3 brokers"
     print(f"relay latency: {where}, {os.cpu_count()} cores")
-    print(f"{'shape':<8} {'batch':>10} {'events':>7} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
-          f"{'max ms':>7} {'mean ms':>7} {'batches':>7} {'load':>5}")
-    for r in results:
-        print(f"{r.shape:<8} {r.batch:>10} {r.events:>7} {r.p50_ms:>7} {r.p95_ms:>7} "
-              f"{r.p99_ms:>7} {r.max_ms:>7} {r.mean_ms:>7} {r.batches:>7} {r.load_1m:>5.1f}")
+    _print_table(results)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2) + "\n")
+        harness.write_json(args.json, [asdict(r) for r in results])
     return 0
 
 

@@ -1,4 +1,4 @@
--- The benchmark's own SQL (bench/bench_reminders.py), by name, loaded by core.queries.load.
+-- The benchmarks' own SQL (bench.harness.bench_query), by name, loaded by core.queries.load.
 -- It runs as the database owner, on a benchmark database only.
 
 -- window_documents: documents in the scan window (what the cycle's census counts)
@@ -10,7 +10,7 @@ where d.status = 'Active'
   and d.expires_at >= %(window_start)s
   and d.expires_at < %(window_end)s;
 
--- floor_documents: the floor's documents: every window document in one pass, with its markers' thresholds (marked: for its current expiry date; stale: for another), the columns claim_batch's `docs` reads for a batch by id; the floor is the worker's claim_batch with these as its `docs` (bench_reminders.floor_statement)
+-- floor_documents: the floor's documents: every window document in one pass, with its markers' thresholds (marked: for its current expiry date; stale: for another), the columns claim_batch's `docs` reads for a batch by id; the floor is the worker's claim_batch with these as its `docs` (bench.cycle_phases.floor_statement)
 with window_docs as (
     select d.id, d.owner_user_id, d.type, d.number_mask,
            (d.expires_at at time zone 'UTC')::date as expires_on

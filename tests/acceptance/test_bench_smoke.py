@@ -14,12 +14,15 @@ SMOKE_DOCUMENTS = 20_000
 
 
 def _server_url() -> str:
+    """The test run's server (its own cluster with TEST_OWN_CLUSTER=1 or under xdist: the tests
+    below use django_db_modify_db_settings, which points the settings at it)."""
     settings = connection.settings_dict
     return (f"postgres://{settings['USER']}@{settings['HOST'] or '127.0.0.1'}:"
             f"{settings['PORT'] or 5432}")
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("django_db_modify_db_settings")
 @pytest.mark.parametrize("shape", ["backlog", "steady"])
 def test_benchmark_runs_and_the_worker_equals_the_floor(shape: str) -> None:
     # Unique: two sessions on one test database (or a rerun after a crash) never share it; the
@@ -70,6 +73,7 @@ def test_benchmark_runs_and_the_worker_equals_the_floor(shape: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("django_db_modify_db_settings")
 def test_benchmark_stale_statistics_phase_runs_and_equals_the_floor() -> None:
     suffix = f"_smoke_stale_{uuid.uuid4().hex[:12]}"
     database = connection.settings_dict["NAME"][:63 - len(suffix)] + suffix

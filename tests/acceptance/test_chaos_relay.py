@@ -18,7 +18,7 @@ from psycopg import errors
 
 from core.roles import RELAY_ROLE
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from reminders.config import DEFAULT_THRESHOLDS
 from tests.conftest import command_env, manage_py, test_database_url
 from tests.support import chaos_report

@@ -17,7 +17,7 @@ import pytest
 
 from core.roles import AUDITOR_ROLE, RELAY_ROLE, WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from tests.support.clusters import Cluster, clusters, manage, new_database
 from tests.support.pg_binaries import bindir
 from tests.support.relay_support import wait_for

@@ -23,7 +23,7 @@ from django.urls import reverse
 
 from core.roles import ADMIN_WEB_ROLE, RELAY_ROLE, WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from reminders import rules, store
 from reminders.config import DEFAULT_THRESHOLDS
 from tests.acceptance.test_relay_process import relay_env, run_relay

@@ -15,7 +15,7 @@ from django.db import connection
 
 from core.roles import RELAY_ROLE
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from tests.conftest import command_env, manage_py
 from tests.support.mock_controls import set_partition_leader
 from tests.support.partitioner import keys_on

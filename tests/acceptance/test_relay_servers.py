@@ -19,7 +19,7 @@ from pytest_django import DjangoDbBlocker
 
 from core.roles import RELAY_ROLE, WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from outbox import store
 from outbox.relay import Relay
 from tests.acceptance.test_cluster_moves import (

@@ -18,7 +18,7 @@ import pytest
 from core.config import parse_duration
 from core.migration_ops import LOCK_TIMEOUT
 from core.roles import AUDITOR_ROLE, RELAY_ROLE, WORKER_ROLE
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from tests.support.relay_support import wait_for
 from tests.support.releases import ROOT, ReleaseNotFoundError, install, previous_release
 from tests.support.tansu_support import TansuBroker

@@ -14,9 +14,9 @@ from confluent_kafka import Producer
 from django.db import connection, transaction
 from prometheus_client.parser import text_string_to_metric_families
 
+from audit.against_topic import TopicReader
 from audit.checks import AuditOptions, run_audit
 from audit.report import AuditReport, Status, render_text
-from audit.topic import TopicReader
 from audit.window import WindowError
 from core.roles import AUDITOR_ROLE
 from devtools.demo_data import PersonDocument

@@ -17,7 +17,7 @@ from django.db import connection
 
 from core.roles import WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import Record, read_topic
+from devtools.read_topic import Record, read_topic
 from outbox.relay import Relay
 from reminders import events
 from tests.conftest import CycleRunner

@@ -17,7 +17,7 @@ from django.db import connection
 
 from core.roles import RELAY_ROLE, WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from outbox import store
 from outbox.relay import Relay
 from tests.acceptance.test_relay_process import relay_env, run_relay

@@ -17,7 +17,7 @@ from django.db.migrations.loader import MigrationLoader
 from core.db import apply_sql_file
 from core.roles import ROLES_SQL
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from outbox.relay import Relay
 from tests.conftest import test_database_url
 from tests.integration.test_relay_failures import fix_payload

@@ -16,7 +16,7 @@ from django.db import connection
 from core.db import raw_connection
 from core.roles import WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from outbox import store
 from outbox.relay import Relay
 from outbox.wakeup import Wakeup

@@ -1,6 +1,8 @@
 """A small run of the relay benchmark, so that it cannot rot (the numbers are not checked)."""
 
-from bench.relay_bench import DB_ONLY, RAW, RELAY, RELAY_RUN, BatchSpec, _warm_up, measure, table
+from bench.harness import warm_up
+from bench.relay_bench import DB_ONLY, RAW, RELAY, RELAY_RUN, measure, table
+from bench.relay_config import BatchSpec
 from bench.relay_latency import measure_latency
 from devtools.mock_kafka import MockKafkaCluster
 
@@ -35,7 +37,7 @@ def test_relay_benchmark_times_whole_passes_with_the_default_and_fixed_read_size
 def test_relay_latency_benchmark_runs(transactional_db: None, kafka: MockKafkaCluster) -> None:
     """bench/relay_latency.py: a `publish_outbox --loop` process, rows written for a moment,
     every one's delay from insert to recorded delivery."""
-    _warm_up(kafka.bootstrap_servers, "bench.latency.smoke")
+    warm_up(kafka.bootstrap_servers, "bench.latency.smoke")
     result = measure_latency("trickle", BatchSpec(), kafka.bootstrap_servers,
                              "bench.latency.smoke", seconds=0.3, seed=7 << 32)
 

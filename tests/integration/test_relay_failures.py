@@ -14,7 +14,7 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from outbox import store
 from outbox.relay import Relay
 from tests.integration.test_relay_topic import said

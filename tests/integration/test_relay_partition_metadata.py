@@ -20,7 +20,7 @@ from confluent_kafka import KafkaError, KafkaException
 from django.db import connection
 
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from outbox.topic import TopicWatch
 from tests.support.mock_controls import set_partition_leader
 from tests.support.partitioner import keys_on, partition_of

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from core.logs import _FIELDS
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from outbox import metrics
 from outbox.outage import PARTITION_FAILING, PARTITION_RESTORED
 from outbox.producer import RelayProducer

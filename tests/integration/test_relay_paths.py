@@ -20,7 +20,7 @@ from confluent_kafka import KafkaError, Producer
 from django.db import connection, connections
 
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from outbox import store
 from outbox.reader import StreamReader
 from outbox.relay import Relay, RelayStats

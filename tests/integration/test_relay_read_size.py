@@ -4,9 +4,9 @@ batches follow the reads, every row delivered once, in order."""
 
 from django.db import connection
 
-from bench.relay_bench import bench_messages, load_outbox
+from bench.outbox_rows import bench_messages, load_outbox
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from outbox import store
 from outbox.read_size import MIN_READ_ROWS
 from outbox.reader import StreamReader

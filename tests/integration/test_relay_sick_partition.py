@@ -16,7 +16,7 @@ from collections import Counter
 from datetime import timedelta
 
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from outbox.relay import Relay
 from tests.support import chaos_report
 from tests.support.mock_controls import set_broker_rtt, set_partition_leader

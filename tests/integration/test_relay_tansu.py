@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from devtools.topic import Record, read_topic
+from devtools.read_topic import Record, read_topic
 from outbox.relay import Relay
 from tests.acceptance.test_relay_process import relay_env, start_relay
 from tests.support import chaos_report

@@ -27,7 +27,7 @@ from prometheus_client import REGISTRY
 
 from core.logs import log_event
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from outbox import metrics, store
 from outbox.relay import Relay
 from outbox.topic import TopicWatch, UndurableTopicError

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from devtools.kafka_cluster import KafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from outbox.relay import Relay
 from reminders import events
 from tests.conftest import CycleRunner

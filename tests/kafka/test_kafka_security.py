@@ -31,7 +31,7 @@ from confluent_kafka.admin import (
 
 from core.roles import AUDITOR_ROLE
 from devtools.kafka_cluster import ROOT, SCRAM, KafkaCluster
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from reminders import events
 from tests.acceptance.test_relay_process import relay_env, run_relay
 from tests.conftest import command_env

@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, ConfigSource
 from django.db import connection
 
 from devtools.kafka_cluster import KafkaCluster
-from devtools.topic import Record, read_topic
+from devtools.read_topic import Record, read_topic
 from outbox.config import ALLOW_UNDURABLE_VAR, RelaySettings
 from outbox.relay import Relay
 from tests.acceptance.test_relay_process import relay_env, run_relay, start_relay

@@ -34,12 +34,12 @@ from confluent_kafka.admin import AdminClient, NewPartitions
 from django.db import connection, connections
 from prometheus_client import CollectorRegistry
 
+from audit.against_topic import TopicReader
 from audit.checks import AuditOptions, run_audit
-from audit.topic import TopicReader
 from core.logs import _FIELDS
 from core.roles import AUDITOR_ROLE
 from devtools.kafka_cluster import KafkaCluster
-from devtools.topic import Record, read_topic
+from devtools.read_topic import Record, read_topic
 from outbox import metrics
 from tests.support import chaos_report
 from tests.support.chaos_proxy import Proxy

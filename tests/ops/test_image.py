@@ -26,7 +26,7 @@ from packaging.utils import canonicalize_name
 
 from core.roles import RELAY_ROLE, WORKER_ROLE
 from devtools.demo_data import PERSON_DOCUMENTS_SQL
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from tests.conftest import ROOT
 from tests.support.contract import assert_event_valid
 from tests.support.image import (

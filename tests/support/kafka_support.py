@@ -171,7 +171,7 @@ def config_command(cluster: KafkaCluster, *alter: str) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-# The audit's consumer groups (audit/topic.py names each reader's group so).
+# The audit's consumer groups (audit/against_topic.py names each reader's group so).
 AUDIT_GROUPS = "audit-reminders-"
 
 

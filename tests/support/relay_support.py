@@ -17,7 +17,7 @@ from django.db import connection, connections
 
 from core.roles import RELAY_ROLE
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.topic import Record
+from devtools.read_topic import Record
 from outbox import store
 from outbox.config import RelaySettings
 from outbox.reader import StreamReader

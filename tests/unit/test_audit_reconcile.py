@@ -1,6 +1,6 @@
-"""audit.topic.reconcile: the window's outbox rows against the records read from the topic."""
+"""audit.against_topic.reconcile: the window's outbox rows against the records read from the topic."""
 
-from audit.topic import TopicEvent, TopicRecord, reconcile
+from audit.against_topic import TopicEvent, TopicRecord, reconcile
 
 
 def row(id_: str, key: str = "k", published: bool = True) -> TopicEvent:

@@ -10,10 +10,10 @@ from typing import Any
 from django.core.management.base import CommandError
 from django.db import connections
 
+from audit.against_topic import BrokerRefusedError, BrokerUnavailableError, TopicReader
 from audit.checks import AuditOptions, run_audit
 from audit.loop import AuditMetrics, run_audit_loop
 from audit.report import AuditReport, render_json, render_text
-from audit.topic import BrokerRefusedError, BrokerUnavailableError, TopicReader
 from audit.window import WindowError
 from core.commands import ProjectCommand, refused, stop_on_signals, usage_error
 from core.config import parse_duration, parse_positive_int
@@ -71,27 +71,7 @@ class Command(ProjectCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         settings = load_settings(os.environ)
-        relay = load_relay_settings(os.environ, need_kafka=options["against_topic"])
-        if options["loop"] and options["as_of"]:
-            raise usage_error("--loop takes no --as-of: each audit ends at its own now")
-        if options["every"] and not options["loop"]:
-            raise usage_error("--every goes with --loop")
-        as_of = parse_as_of(options["as_of"]) if options["as_of"] else datetime.now(UTC)
-        if as_of > datetime.now(UTC):
-            raise usage_error(f"--as-of {as_of.isoformat()} is in the future")
-        audit = AuditOptions(
-            as_of=as_of,
-            since=parse_duration("--since", options["since"]),
-            retention_days=settings.retention_days,
-            outbox_retention=relay.retention,
-            max_wait=parse_duration("--max-wait", options["max_wait"]) if options["max_wait"]
-            else settings.max_silence,
-            limit=parse_positive_int("--limit", options["limit"]),
-            topic_reader=TopicReader(relay, timeout_s=parse_duration(
-                "--kafka-timeout", options["kafka_timeout"]).total_seconds())
-            if options["against_topic"] else None,
-            topics=relay.topics,
-        )
+        audit = _audit_options(options, settings)
         every = (parse_duration("--every", options["every"]) if options["every"]
                  else settings.polling_interval)
         try:
@@ -135,3 +115,29 @@ class Command(ProjectCommand):
             run_audit_loop(audit_now, every=every, backoff=backoff, stop=stop, metrics=metrics,
                            failures=(*DatabaseErrors, BrokerUnavailableError,
                                      BrokerRefusedError))
+
+
+def _audit_options(options: dict[str, Any], settings: ReminderSettings) -> AuditOptions:
+    """The audit's options from the command line's, refusing the combinations that make no
+    sense (a usage error)."""
+    relay = load_relay_settings(os.environ, need_kafka=options["against_topic"])
+    if options["loop"] and options["as_of"]:
+        raise usage_error("--loop takes no --as-of: each audit ends at its own now")
+    if options["every"] and not options["loop"]:
+        raise usage_error("--every goes with --loop")
+    as_of = parse_as_of(options["as_of"]) if options["as_of"] else datetime.now(UTC)
+    if as_of > datetime.now(UTC):
+        raise usage_error(f"--as-of {as_of.isoformat()} is in the future")
+    return AuditOptions(
+        as_of=as_of,
+        since=parse_duration("--since", options["since"]),
+        retention_days=settings.retention_days,
+        outbox_retention=relay.retention,
+        max_wait=parse_duration("--max-wait", options["max_wait"]) if options["max_wait"]
+        else settings.max_silence,
+        limit=parse_positive_int("--limit", options["limit"]),
+        topic_reader=TopicReader(relay, timeout_s=parse_duration(
+            "--kafka-timeout", options["kafka_timeout"]).total_seconds())
+        if options["against_topic"] else None,
+        topics=relay.topics,
+    )

@@ -6,7 +6,7 @@ from typing import Any
 
 from core.commands import ProjectCommand
 from core.logs import printable
-from devtools.topic import read_topic
+from devtools.read_topic import read_topic
 from outbox.config import load_relay_settings
 from outbox.kafka import security_config
 from reminders import events

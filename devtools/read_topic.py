@@ -49,25 +49,30 @@ def read_topic(bootstrap: str, topic: str = events.TOPIC, *, timeout: float = 30
         metadata = consumer.list_topics(topic, timeout=10)
         partitions = sorted(metadata.topics[topic].partitions) if topic in metadata.topics else []
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
-        pending = set(partitions)
-        records: list[Record] = []
-        deadline = time.monotonic() + timeout
-        while pending:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {topic} to its end in {timeout}s")
-            message = consumer.poll(0.2)
-            if message is None:
-                continue
-            if message.error():
-                if message.error().code() == KafkaError._PARTITION_EOF:
-                    pending.discard(message.partition())
-                continue
-            records.append(Record(
-                key=(message.key() or b"").decode(), value=message.value() or b"",
-                headers={k: (v or b"").decode() for k, v in (message.headers() or [])},
-                timestamp_ms=message.timestamp()[1], partition=message.partition(),
-                offset=message.offset(),
-            ))
-        return sorted(records, key=lambda r: (r.partition, r.offset))
+        return _read_to_end(consumer, topic, set(partitions), timeout)
     finally:
         consumer.close()
+
+
+def _read_to_end(consumer: Consumer, topic: str, pending: set[int], timeout: float
+                 ) -> list[Record]:
+    """The records of the assigned partitions, read until each says it is at its end."""
+    records: list[Record] = []
+    deadline = time.monotonic() + timeout
+    while pending:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"could not read {topic} to its end in {timeout}s")
+        message = consumer.poll(0.2)
+        if message is None:
+            continue
+        if message.error():
+            if message.error().code() == KafkaError._PARTITION_EOF:
+                pending.discard(message.partition())
+            continue
+        records.append(Record(
+            key=(message.key() or b"").decode(), value=message.value() or b"",
+            headers={k: (v or b"").decode() for k, v in (message.headers() or [])},
+            timestamp_ms=message.timestamp()[1], partition=message.partition(),
+            offset=message.offset(),
+        ))
+    return sorted(records, key=lambda r: (r.partition, r.offset))

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import NamedTuple
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka.admin import ClusterMetadata
 
 from outbox.config import RelaySettings
 from outbox.kafka import client_config
@@ -114,21 +115,11 @@ class TopicReader:
     def _read(self, consumer: Consumer, topics: list[str], since: datetime,
               until: datetime) -> list[TopicRecord]:
         deadline = time.monotonic() + self.timeout_s
-        connect_by = time.monotonic() + min(self.timeout_s, 15.0)
-        while True:
-            try:
-                metadata = consumer.list_topics(timeout=1.0)
-                break
-            except KafkaException as exc:
-                consumer.poll(0.1)  # serves error_cb: a refusal ends the wait at once
-                if any(refused(e) for e in self._errors) or time.monotonic() > connect_by:
-                    raise self._fail(exc) from None
+        metadata = self._list_topics(consumer)
         # The broker lists only the topics the ACLs let the audit describe.
         self._refuse_unlisted(consumer, [t for t in topics if t not in metadata.topics], deadline)
-        since_ms, until_ms = int(since.timestamp() * 1000), int(until.timestamp() * 1000)
-        wanted = [TopicPartition(t, p, since_ms) for t in topics if t in metadata.topics
-                  and metadata.topics[t].error is None
-                  for p in sorted(metadata.topics[t].partitions)]
+        window = (int(since.timestamp() * 1000), int(until.timestamp() * 1000))
+        wanted = _partitions(metadata, topics, window[0])
         if not wanted:
             return []
         starts = consumer.offsets_for_times(wanted, timeout=max(1.0, deadline - time.monotonic()))
@@ -138,6 +129,24 @@ class TopicReader:
         if not assigned:
             return []
         consumer.assign(assigned)
+        return self._read_to_end(consumer, assigned, window, deadline)
+
+    def _list_topics(self, consumer: Consumer) -> ClusterMetadata:
+        """The cluster's topics, asked again until the broker answers (at most 15 s, or the
+        timeout if shorter); a refusal ends the wait at once."""
+        connect_by = time.monotonic() + min(self.timeout_s, 15.0)
+        while True:
+            try:
+                return consumer.list_topics(timeout=1.0)
+            except KafkaException as exc:
+                consumer.poll(0.1)  # serves error_cb: a refusal ends the wait at once
+                if any(refused(e) for e in self._errors) or time.monotonic() > connect_by:
+                    raise self._fail(exc) from None
+
+    def _read_to_end(self, consumer: Consumer, assigned: list[TopicPartition],
+                     window: tuple[int, int], deadline: float) -> list[TopicRecord]:
+        """The records timestamped in `window` (ms), read until every assigned partition says
+        it is at its end."""
         pending = {(tp.topic, tp.partition) for tp in assigned}
         records: list[TopicRecord] = []
         while pending:
@@ -145,21 +154,10 @@ class TopicReader:
                 raise self._fail(TimeoutError(f"could not read {sorted(pending)} to the end in "
                                               f"{self.timeout_s}s"))
             for message in consumer.consume(num_messages=10_000, timeout=0.5):
-                error = message.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        pending.discard((message.topic(), message.partition()))
-                        continue
-                    raise KafkaException(error)
-                stamp = message.timestamp()[1]
-                if not since_ms <= stamp <= until_ms:
-                    continue
-                headers = dict(message.headers() or [])
-                raw_id = headers.get("message_id")
-                records.append(TopicRecord(
-                    message_id=raw_id.decode(errors="replace") if raw_id else "",
-                    key=(message.key() or b"").decode(errors="replace"),
-                    partition=message.partition(), offset=message.offset(), timestamp_ms=stamp))
+                if _at_end(message):
+                    pending.discard((message.topic(), message.partition()))
+                elif window[0] <= message.timestamp()[1] <= window[1]:
+                    records.append(_record(message))
         return sorted(records, key=lambda r: (r.partition, r.offset))
 
     @staticmethod
@@ -172,6 +170,34 @@ class TopicReader:
             error = found.topics[topic].error if topic in found.topics else None
             if error is not None and not_authorized(error):
                 raise KafkaException(error)
+
+
+def _partitions(metadata: ClusterMetadata, topics: list[str], since_ms: int
+                ) -> list[TopicPartition]:
+    """Every partition of the listed `topics` (a topic listed with an error has none), each to
+    be looked up at `since_ms`."""
+    listed = [metadata.topics[t] for t in topics if t in metadata.topics]
+    return [TopicPartition(t.topic, p, since_ms) for t in listed if t.error is None
+            for p in sorted(t.partitions)]
+
+
+def _at_end(message: Message) -> bool:
+    """Whether `message` says its partition is at its end; any other error raises."""
+    error = message.error()
+    if error is None:
+        return False
+    if error.code() == KafkaError._PARTITION_EOF:
+        return True
+    raise KafkaException(error)
+
+
+def _record(message: Message) -> TopicRecord:
+    raw_id = dict(message.headers() or []).get("message_id")
+    return TopicRecord(
+        message_id=raw_id.decode(errors="replace") if raw_id else "",
+        key=(message.key() or b"").decode(errors="replace"),
+        partition=message.partition(), offset=message.offset(),
+        timestamp_ms=message.timestamp()[1])
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +219,12 @@ def reconcile(table: list[TopicEvent], records: list[TopicRecord],
     known = in_table(strangers) if strangers else set()
     unknown = sorted(i for i in strangers if i not in known)
     duplicated = sorted((i, n) for i, n in on_topic.items() if n > 1)
+    return Reconciliation(missing, unknown, duplicated, _out_of_order(table, records, rows))
+
+
+def _out_of_order(table: list[TopicEvent], records: list[TopicRecord],
+                  rows: dict[str, TopicEvent]) -> list[str]:
+    """The keys whose rows' first copies on the topic are not in the table's stream order."""
     first_seen: dict[str, list[str]] = defaultdict(list)
     seen: set[str] = set()
     for record in records:
@@ -203,6 +235,4 @@ def reconcile(table: list[TopicEvent], records: list[TopicRecord],
     for event in table:
         if event.id in seen:
             expected[event.key].append(event.id)
-    out_of_order = sorted(k for k, ids in first_seen.items() if ids != expected[k])
-    return Reconciliation(missing, unknown, duplicated, out_of_order)
-
+    return sorted(k for k, ids in first_seen.items() if ids != expected[k])
