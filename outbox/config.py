@@ -5,7 +5,7 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -38,6 +38,11 @@ SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 # PLAIN over SASL_PLAINTEXT sends the password as it is: refused unless this names PLAIN, and
 # then only for brokers on loopback addresses (docs/operations.md, "Security").
 PLAIN_CLEARTEXT_ALLOW_VAR = "KAFKA_SASL_PLAINTEXT_ALLOW"
+
+# The relay's clock (monotonic seconds) and its log (level, event, fields: the relay's log_event
+# with its relay id), as every part of the relay is given them.
+Clock = Callable[[], float]
+Emit = Callable[[int, str, dict[str, Any]], None]
 
 # A librdkafka property value, as KAFKA_PRODUCER_CONFIG may give it.
 Scalar = str | int | float | bool
@@ -94,7 +99,7 @@ class RelaySettings(Settings):
     backoff_initial: timedelta = timedelta(seconds=1)
     backoff_max: timedelta = timedelta(minutes=1)
     linger: timedelta = timedelta(milliseconds=5)
-    # A Kafka outage is logged once, then summarised once per this interval (outbox.outage).
+    # A Kafka outage is logged once, then summarised once per this interval (outbox.kafka).
     outage_log_interval: timedelta = timedelta(seconds=60)
     # librdkafka's statistics (round-trip times, queue) every this often, for the metrics.
     statistics_interval: timedelta = timedelta(seconds=15)

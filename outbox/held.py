@@ -5,7 +5,7 @@ ended, so none can be read yet. Said once it lasts `warn_after_s`, and its end o
 import logging
 import time
 
-from outbox.outage import Clock, Emit
+from outbox.config import Clock, Emit
 
 HELD = "stream held back by a transaction open on the database server"
 MOVING = "stream moving again"

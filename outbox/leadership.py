@@ -14,7 +14,7 @@ from django.db import connections
 
 from core.db import DatabaseErrors, transaction_pooler_in_the_way
 from outbox import store
-from outbox.outage import Emit
+from outbox.config import Emit
 
 
 class Leadership:

@@ -28,9 +28,8 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outbox import kafka
-from outbox.config import RelaySettings
-from outbox.kafka_errors import PRODUCER_STATE_CODES, describe
-from outbox.outage import Emit
+from outbox.config import Emit, RelaySettings
+from outbox.kafka import PRODUCER_STATE_CODES, describe
 from outbox.store import ReadMessage
 
 

@@ -21,20 +21,20 @@ import orjson
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from outbox import kafka, metrics
-from outbox.config import RelaySettings, off_allowlist_error
-from outbox.kafka_errors import (
+from outbox.config import Emit, RelaySettings, off_allowlist_error
+from outbox.kafka import (
     PRODUCER_STATE_CODES,
+    OutageLog,
     describe,
     local_timeout,
     possibly_appended,
+    redact,
     refusal,
     refused,
 )
-from outbox.outage import Emit, OutageLog
+from outbox.metrics import parse_statistics
 from outbox.patient import PatientProducer
-from outbox.redaction import redact
 from outbox.reports import Reports
-from outbox.statistics import parse_statistics
 from outbox.store import Position, Read, ReadMessage
 
 # Extra time past the producer's own delivery timeout before the relay stops waiting.

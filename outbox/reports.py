@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaError
 
-from outbox.kafka_errors import broker_unavailable, local_timeout, partition_unavailable
+from outbox.kafka import broker_unavailable, local_timeout, partition_unavailable
 from outbox.store import ReadMessage
 
 

@@ -1,6 +1,6 @@
 """When a row that did not go out is tried again, for both lanes: a row the broker refused after
 its attempt's backoff, a row its partition could not take after that partition's backoff (it
-grows with the batches the partition failed in a row; outbox.outage.PartitionOutages); each said
+grows with the batches the partition failed in a row; outbox.kafka.PartitionOutages); each said
 in a line, the partitions' outages in their own log and metrics."""
 
 import logging
@@ -12,8 +12,8 @@ from confluent_kafka import KafkaError
 
 from core.supervise import backoff_delay
 from outbox import metrics
-from outbox.kafka_errors import describe
-from outbox.outage import Emit, Partition, PartitionOutages
+from outbox.config import Emit
+from outbox.kafka import Partition, PartitionOutages, describe
 from outbox.store import ReadMessage
 
 

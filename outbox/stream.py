@@ -18,9 +18,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from outbox import metrics, store
+from outbox.config import Emit
 from outbox.held import HeldWatch
 from outbox.leadership import Leadership
-from outbox.outage import Emit
 from outbox.producer import Batch, RelayProducer
 from outbox.reader import StreamReader
 from outbox.reports import Reports, sort_reports

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from outbox import metrics
-from outbox.outage import Emit
+from outbox.config import Emit
 
 
 @dataclass(slots=True)

@@ -31,11 +31,9 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from core.config import ConfigError
 from outbox import kafka, metrics, store
-from outbox.config import ALLOW_UNDURABLE_VAR, RelaySettings
-from outbox.kafka_errors import describe
-from outbox.outage import Emit
+from outbox.config import ALLOW_UNDURABLE_VAR, Emit, RelaySettings
+from outbox.kafka import describe, redact
 from outbox.partitioning import partition_of, partition_problem
-from outbox.redaction import redact
 
 MIN_INSYNC = "min.insync.replicas"
 UNCLEAN = "unclean.leader.election.enable"

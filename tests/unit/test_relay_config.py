@@ -8,7 +8,7 @@ import pytest
 from core.config import ConfigError
 from outbox import kafka
 from outbox.config import RelaySettings, load_relay_settings, off_allowlist_error
-from outbox.kafka_log import RepeatFilter
+from outbox.kafka import RepeatFilter
 from reminders import events
 
 

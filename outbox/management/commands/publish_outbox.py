@@ -17,7 +17,7 @@ from core.garbage import relax_garbage_collection
 from core.health import Heartbeat, Verdict, database_ready
 from core.ops_server import Probes, operations_server
 from core.progress import ProgressBar
-from outbox import kafka, kafka_errors, metrics, store
+from outbox import kafka, metrics, store
 from outbox.config import RelaySettings, load_relay_settings
 from outbox.pass_failure import pass_failure
 from outbox.relay import Relay, RelayStats
@@ -150,7 +150,7 @@ def refusals_as_exit_codes() -> Iterator[None]:
         yield
     except UndurableTopicError as exc:  # the topic's to fix (its owner's), not the relay's settings
         raise CommandError(f"bad configuration: {exc}", returncode=ExitCode.REFUSED) from None
-    except (kafka_errors.KafkaRefusedError, store.StreamAheadError,
+    except (kafka.KafkaRefusedError, store.StreamAheadError,
             store.StreamSubscribedError) as exc:
         raise CommandError(str(exc), returncode=ExitCode.REFUSED) from None
     except (store.ServerInRecoveryError, store.ReaderOnAnotherServerError) as exc:
