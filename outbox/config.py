@@ -106,7 +106,7 @@ class RelaySettings(Settings):
     security: KafkaSecurity = KafkaSecurity()
     # Further librdkafka properties from KAFKA_PRODUCER_CONFIG; outbox.kafka refuses the guarded.
     extra_properties: tuple[tuple[str, Scalar], ...] = ()
-    # Publish to a topic that may lose what it acknowledged (outbox.topic): a single-broker
+    # Publish to a topic that may lose what it acknowledged (outbox.topic_watch): a single-broker
     # development setup only.
     allow_undurable_topic: bool = False
     # The only topics the relay publishes to (OUTBOX_TOPICS): a row naming another is parked,

@@ -368,7 +368,7 @@ def client_config(settings: RelaySettings) -> dict[str, Any]:
 
 
 def admin_config(settings: RelaySettings, client_id: str) -> dict[str, Any]:
-    """An admin client's (outbox.topic reads the topics' metadata and configuration with it):
+    """An admin client's (outbox.topic_watch reads the topics' metadata and configuration with it):
     connected as the producer is (KAFKA_PRODUCER_CONFIG's properties too), logging as it does."""
     return {**extra_properties(settings), **client_config(settings), "client.id": client_id,
             "logger": LibrdkafkaLog(secrets(settings))}

@@ -248,7 +248,7 @@ def record_deferred(topic: str, partition: int, n: int) -> None:
 
 def set_partition_available(topic: str, partition: int) -> None:
     PARTITION_UNAVAILABLE.labels(topic=topic, partition=str(partition)).set(0)
-# --- the topics the relay publishes to (outbox.topic) ----------------------------------------
+# --- the topics the relay publishes to (outbox.topic_watch) ----------------------------------------
 
 TOPIC_PARTITIONS = Gauge(
     "profile_outbox_topic_partitions",

@@ -10,7 +10,7 @@ leave one copy more, every time. The patient producer has no message time-out
 a broker answers, and the broker keeps one copy of it whatever the retries. So a row that timed
 out once is on the topic at most twice: once for that attempt, once for its patient one.
 
-The same producer sends the probe of a partition that did not answer in time (outbox.topic
+The same producer sends the probe of a partition that did not answer in time (outbox.topic_watch
 keeps it from the relay's producer meanwhile): one row of it at a time, and an acknowledgement
 within the delivery timeout says the partition answers again.
 

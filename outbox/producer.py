@@ -81,7 +81,7 @@ class Batch:
 
 
 class Topics(Protocol):
-    """What the producer asks of the relay's look at its topics (outbox.topic.TopicWatch)."""
+    """What the producer asks of the relay's look at its topics (outbox.topic_watch.TopicWatch)."""
 
     def admit(self, messages: list[ReadMessage]) -> Mapping[str, tuple[int, KafkaError]]:
         """Before a batch is produced: the rows not to send, by key, with their partition and
@@ -438,7 +438,7 @@ class RelayProducer:
         rows the relay's producer gave up on while they may have been sent are possibly
         appended from now on (in either lane they go to the patient producer); a partition
         whose rows timed out in the client while the rest of the batch was delivered is slow
-        (outbox.topic keeps it back)."""
+        (outbox.topic_watch keeps it back)."""
         patient = self.patient
         if not (batch.errors or batch.patient or patient.possibly_appended):
             return

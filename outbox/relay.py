@@ -41,7 +41,7 @@ from outbox.retries import Retries
 from outbox.slow import SlowLane
 from outbox.stream import StreamLane
 from outbox.tally import BatchOutcome, RelayStats, Tally
-from outbox.topic import TopicWatch
+from outbox.topic_watch import TopicWatch
 from outbox.wakeup import Wakeup
 
 __all__ = ["BatchOutcome", "Relay", "RelayStats"]

@@ -241,7 +241,7 @@ where b.published_at < now() - %(retention)s::interval
       where (m.txid, m.seq) <= (b.upto_txid, b.upto_seq)
         and m.detoured_at is null);
 
--- record_topic_partitions: a topic's partition count as the relay sees it now (outbox/topic.py,
+-- record_topic_partitions: a topic's partition count as the relay sees it now (outbox/topic_watch.py,
 -- migration 0011_topic_partitions): the count recorded before if it differed (null if it was the
 -- same, or none was recorded), and when a relay last found it changed (seconds since the epoch,
 -- null if never)

@@ -21,7 +21,7 @@ from django.db import connection
 
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
-from outbox.topic import TopicWatch
+from outbox.topic_watch import TopicWatch
 from tests.support.mock_controls import set_partition_leader
 from tests.support.partitioner import keys_on, partition_of
 from tests.support.relay_support import (

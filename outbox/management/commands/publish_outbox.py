@@ -22,7 +22,7 @@ from outbox.config import RelaySettings, load_relay_settings
 from outbox.pass_failure import pass_failure
 from outbox.relay import Relay, RelayStats
 from outbox.stood_by import stood_by_while_rows_waited
-from outbox.topic import UndurableTopicError
+from outbox.topic_watch import UndurableTopicError
 
 # /healthz fails when the loop has not turned for this long (or 3 poll intervals, if longer).
 HEARTBEAT_MIN = timedelta(minutes=5)
