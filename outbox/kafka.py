@@ -446,7 +446,7 @@ def new_producer(settings: RelaySettings, client_id: str, on_error: Any = None,
 
 
 def new_patient_producer(settings: RelaySettings, client_id: str, on_error: Any) -> Producer:
-    """The producer of rows whose earlier attempt may already be on the topic (outbox.patient):
+    """The producer of rows whose earlier attempt may already be on the topic (outbox.producer):
     the relay's producer, but without a message time-out (librdkafka retries each message under
     its first sequence number until a broker answers, so the broker keeps one copy of it) and
     with a report for every message (few go this way); no statistics (the relay's producer's)."""

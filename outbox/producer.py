@@ -7,13 +7,46 @@ Delivery reports come for errors only (`delivery.report.only.error`): a batch is
 as a whole once the producer has nothing left in flight or unreported after it (`flush` comes
 back empty), and then each of its rows without an error report was acknowledged by the broker.
 A batch that never got there (the deadline, the stop, a refusal, a fatal error) counts each row
-without an error report as not delivered: it is sent again later (at least once)."""
+without an error report as not delivered: it is sent again later (at least once).
+
+`sort_reports` says what a batch's delivery reports say about its rows: one pure classifier for
+both lanes (docs/outbox-relay.md, "One batch").
+
+A row is delivered (no error reported, in a batch the producer acknowledged as a whole), held (a
+stream row behind its key's slow-lane head: never sent), off the allowlist (its topic is not on
+OUTBOX_TOPICS: never sent, parked at once), refused (the broker will never take it
+as it is: an attempt is counted), deferred (its partition could not take it now while the
+cluster took others: it waits in the slow lane, no attempt counted), or unavailable (not
+acknowledged, or an error that says only that Kafka could not be reached: nothing is wrong with
+the row, it is read again later).
+
+The patient producer (docs/outbox-relay.md, "Copies"): rows whose earlier attempt may already
+be on the topic are sent again by a producer that never gives up on a message for time.
+
+An attempt that timed out in the client may still be appended by a leader that was only slow
+(or appended already, its acknowledgement waiting on a follower). A new attempt by the relay's
+producer is a new message to the broker: librdkafka starts a new idempotence epoch after such a
+time-out, so the broker cannot tell the retry from the first, and a retry that times out too may
+leave one copy more, every time. The patient producer has no message time-out
+(`message.timeout.ms=0`): librdkafka retries each of its messages under one sequence number until
+a broker answers, and the broker keeps one copy of it whatever the retries. So a row that timed
+out once is on the topic at most twice: once for that attempt, once for its patient one.
+
+The same producer sends the probe of a partition that did not answer in time (outbox.topic_watch
+keeps it from the relay's producer meanwhile): one row of it at a time, and an acknowledgement
+within the delivery timeout says the partition answers again.
+
+Its reports come for every message, success included (few go this way), and are kept by row id
+until the lane that holds the row takes them: the stream for a row still after the position,
+the slow lane for a row it holds (one the stream detoured while it was still on its way).
+"""
 
 import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -25,17 +58,276 @@ from outbox.config import Emit, RelaySettings, off_allowlist_error
 from outbox.kafka import (
     PRODUCER_STATE_CODES,
     OutageLog,
+    broker_unavailable,
     describe,
     local_timeout,
+    partition_unavailable,
     possibly_appended,
     redact,
     refusal,
     refused,
 )
 from outbox.metrics import parse_statistics
-from outbox.patient import PatientProducer
-from outbox.reports import Reports
 from outbox.store import Position, Read, ReadMessage
+
+# --- what a batch's delivery reports say -----------------------------------------------------------
+
+@dataclass(slots=True)
+class Reports:
+    """A batch's rows sorted by their reports, in the batch's order. With `stop_at_unavailable`
+    only the rows before the first unavailable one are sorted (`settled` of them)."""
+
+    settled: int = 0
+    delivered: list[ReadMessage] = field(default_factory=list)
+    # The delivered rows' ages at the batch's acknowledgement: (seconds, rows) pairs, one for
+    # each created_at (a writer's transaction stamps all its rows with one).
+    latencies: list[tuple[float, int]] = field(default_factory=list)
+    # Rows that leave for the slow lane, with the broker's refusal (None: held, never sent).
+    detoured: list[tuple[ReadMessage, KafkaError | None]] = field(default_factory=list)
+    # Rows whose partition could not take them now (no leader, not enough replicas, timed out)
+    # in a batch the cluster otherwise took: they leave for the slow lane, no attempt counted.
+    deferred: list[tuple[ReadMessage, KafkaError]] = field(default_factory=list)
+    unavailable: list[ReadMessage] = field(default_factory=list)
+    # Rows never sent because their topic is not on OUTBOX_TOPICS, with why: parked at once.
+    off_allowlist: list[tuple[ReadMessage, str]] = field(default_factory=list)
+    first_unavailable: KafkaError | None = None  # the first unavailable row's error, if any
+
+    @property
+    def refused(self) -> list[tuple[ReadMessage, KafkaError]]:
+        return [(m, e) for m, e in self.detoured if e is not None]
+
+
+def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaError], *,
+                 acked_at: float | None, read_at: float, stop_at_unavailable: bool,
+                 unavailable: Callable[[KafkaError], bool] = broker_unavailable,
+                 unsent: Collection[str] = (),
+                 off_allowlist: Mapping[str, str] | None = None,
+                 cluster_answers: Callable[[], bool] = lambda: True) -> Reports:
+    """Sort `messages` by the `errors` reported for them (by message key: a batch has one row
+    per key) and the batch's acknowledgement (`acked_at`, monotonic; None: the batch was not
+    acknowledged, so a row without an error report is not known to be delivered). The stream
+    stops at the first unavailable row (its position cannot pass it); the slow lane sorts every
+    row. A row's latency is its age when read (`read_at`) plus the time to the acknowledgement
+    of its batch.
+
+    A partition's outage is told from the broker's by the batch itself: a row with a
+    partition-level error (`partition_unavailable`) is deferred when the batch was acknowledged
+    and the stream's batch had a row delivered (the cluster answers; that partition does not);
+    in a batch with nothing delivered it is unavailable and the stream stops before it, as for
+    a broker that cannot be reached. The slow lane defers such a row whatever the rest did
+    (its rows are detoured already: nothing floods, and the stream judges the broker). Rows
+    `unsent` (keys: kept back because the topic's metadata showed their partition unable to
+    take them) are no answer of the cluster: a stream batch with nothing delivered stops before
+    them as well, so that a topic whose every partition is short of in-sync replicas stops the
+    stream instead of detouring it row by row. Rows `off_allowlist` (keys: why) were never sent:
+    they are sorted apart, in their place, whatever the rest did.
+
+    A row that timed out in this client (`local_timeout`) beside delivered rows may be a broker
+    that died halfway through the batch, not its partition: the stream defers it only if
+    `cluster_answers()` (asked then, once: a metadata request) says a broker answers now."""
+    reports = Reports(settled=len(messages))
+    off_allowlist = off_allowlist or {}
+    if (acked_at is not None and not errors and not off_allowlist
+            and not any(m.held for m in messages)):
+        reports.delivered = list(messages)  # the usual batch: every row delivered
+    else:
+        acked = acked_at is not None
+        sent = [m for m in messages
+                if not m.held and m.key not in unsent and m.key not in off_allowlist]
+        answered = acked and (not stop_at_unavailable or any(m.key not in errors for m in sent))
+        if answered and stop_at_unavailable and any(
+                partition_unavailable(e) and local_timeout(e)
+                for e in (errors[m.key] for m in sent if m.key in errors)):
+            answered = cluster_answers()
+        _sort_each(reports, messages, errors, acked=acked, defer=answered,
+                   stop_at_unavailable=stop_at_unavailable, unavailable=unavailable,
+                   off_allowlist=off_allowlist)
+    if acked_at is not None and reports.delivered:
+        since_read = acked_at - read_at
+        clock_s = reports.delivered[0].clock_s  # one read: one clock
+        reports.latencies = [(max(0.0, clock_s - created_ms / 1000) + since_read, rows)
+                             for created_ms, rows in
+                             Counter(m.timestamp_ms for m in reports.delivered).items()]
+    return reports
+
+
+def _sort_each(reports: Reports, messages: Sequence[ReadMessage],
+               errors: Mapping[str, KafkaError], *, acked: bool, defer: bool,
+               stop_at_unavailable: bool, unavailable: Callable[[KafkaError], bool],
+               off_allowlist: Mapping[str, str]) -> None:
+    for index, message in enumerate(messages):
+        if message.held:
+            reports.detoured.append((message, None))
+            continue
+        if message.key in off_allowlist:
+            reports.off_allowlist.append((message, off_allowlist[message.key]))
+            continue
+        error = errors.get(message.key)
+        if error is None and acked:
+            reports.delivered.append(message)
+        elif error is not None and defer and partition_unavailable(error):
+            reports.deferred.append((message, error))
+        elif error is None or unavailable(error):
+            reports.first_unavailable = reports.first_unavailable or error
+            if stop_at_unavailable:
+                reports.settled = index
+                return
+            reports.unavailable.append(message)
+        else:
+            reports.detoured.append((message, error))
+
+
+# --- the patient producer -----------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class PatientReport:
+    """A row's patient attempt, answered: acknowledged (no error) or failed."""
+
+    message: ReadMessage
+    partition: int  # -1: none assigned
+    error: KafkaError | None
+    in_time: bool  # acknowledged within the delivery timeout of its send
+
+
+class PatientProducer:
+    """The relay's second producer, started on first use and replaced after a fatal error.
+    `possibly_appended` holds the ids of rows whose attempt by the relay's producer ended
+    without an answer (they go this way from then on, in either lane)."""
+
+    def __init__(self, settings: RelaySettings, client_id: str, *, emit: Emit,
+                 new_producer: Callable[..., Producer] = kafka.new_patient_producer) -> None:
+        self.settings = settings
+        self.client_id = client_id
+        self._emit = emit
+        self._new_producer = new_producer
+        self._producer: Producer | None = None
+        self._fatal: KafkaError | None = None
+        self.possibly_appended: set[str] = set()
+        # In flight, by row id: the row and the partition it is bound for (-1: not known yet).
+        self._sent: dict[str, tuple[ReadMessage, int]] = {}
+        self._reports: dict[str, PatientReport] = {}
+        self._slow_lane: set[str] = set()  # ids whose report the slow lane takes
+
+    @property
+    def busy(self) -> bool:
+        """Anything to look out for: rows possibly appended, in flight or answered."""
+        return bool(self.possibly_appended or self._sent or self._reports)
+
+    def holds(self, message_id: str) -> bool:
+        """The row is in flight here, or answered and its report not taken yet."""
+        return message_id in self._sent or message_id in self._reports
+
+    def probing(self, topic: str, partition: int) -> bool:
+        """A row bound for that partition is in flight here."""
+        return any(m.topic == topic and p == partition for m, p in self._sent.values())
+
+    def send(self, message: ReadMessage, partition: int) -> None:
+        """Hand one row over (once: a row it holds is not sent again)."""
+        if self.holds(message.id):
+            return
+        producer = self._current()
+        self._sent[message.id] = (message, partition)
+
+        def answered(error: KafkaError | None, record: Any) -> None:
+            if error is not None and error.code() in PRODUCER_STATE_CODES:
+                self._fatal = self._fatal or error  # this producer is done: a new one sends it
+            sent = self._sent.pop(message.id, None)
+            assigned = record.partition()
+            latency = record.latency()
+            self._reports[message.id] = PatientReport(
+                message, assigned if assigned is not None and assigned >= 0
+                else (sent[1] if sent else -1), error,
+                error is None and latency is not None
+                and latency <= self.settings.delivery_timeout.total_seconds())
+
+        try:
+            producer.produce(message.topic, message.payload, message.key,
+                             headers=kafka.record_headers(orjson.loads(message.headers)),
+                             timestamp=message.timestamp_ms, on_delivery=answered)
+        except (BufferError, KafkaException) as exc:
+            self._sent.pop(message.id, None)  # not handed over: sent again at its next turn
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if error is not None and error.fatal():
+                self._fatal = error
+            return
+        self.serve()
+
+    def serve(self, timeout: float = 0.0) -> None:
+        """Serve its reports (up to `timeout`); a fatal error replaces the producer (what it had
+        in flight is purged: reported as such, and sent again at its next turn)."""
+        if self._producer is None:
+            return
+        try:
+            self._producer.poll(timeout)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if error is None or not error.fatal():
+                raise
+            self._fatal = error
+        if self._fatal is not None:
+            self._drop()
+
+    def report(self, message_id: str) -> PatientReport | None:
+        """The row's report, if it came (left for `take`)."""
+        return self._reports.get(message_id)
+
+    def take(self, message_id: str) -> PatientReport | None:
+        """The row's report, if it came (taken: the row is recorded)."""
+        self._slow_lane.discard(message_id)
+        report = self._reports.pop(message_id, None)
+        if report is not None and report.error is None:
+            self.possibly_appended.discard(message_id)
+        return report
+
+    def to_slow_lane(self, message_id: str) -> None:
+        """The stream detoured the row while it was on its way: the slow lane takes its report."""
+        if self.holds(message_id):
+            self._slow_lane.add(message_id)
+
+    def slow_lane_reports(self) -> list[PatientReport]:
+        """The reports of the rows the slow lane holds that came (taken)."""
+        came = [i for i in self._slow_lane if i in self._reports]
+        return [r for r in map(self.take, came) if r is not None]
+
+    def _current(self) -> Producer:
+        if self._fatal is not None:
+            self._drop()
+        if self._producer is None:
+            self._producer = self._new_producer(self.settings, self.client_id, self._on_error)
+        return self._producer
+
+    def _on_error(self, error: KafkaError) -> None:
+        """A failing connection is the relay's producer's to say (it fails too); a fatal error
+        replaces this one."""
+        if error.fatal():
+            self._fatal = error
+
+    def _drop(self) -> None:
+        """Purge the producer: what it had in flight is reported purged; start anew."""
+        producer, self._producer = self._producer, None
+        if self._fatal is not None:
+            self._emit(logging.ERROR, "patient producer failed fatally, starting a new one",
+                       {"error": describe(self._fatal)})
+            self._fatal = None
+        if producer is not None:
+            with contextlib.suppress(KafkaException):
+                producer.purge(in_queue=True, in_flight=True, blocking=False)
+                producer.poll(0)
+        for message_id, (message, partition) in self._sent.items():  # no report came
+            self._reports[message_id] = PatientReport(
+                message, partition, KafkaError(KafkaError._PURGE_INFLIGHT), in_time=False)
+        self._sent.clear()
+
+    def close(self, grace: float) -> None:
+        """Let what is in flight finish within `grace`, then drop it (sent again by whichever
+        relay leads next)."""
+        if self._producer is not None:
+            with contextlib.suppress(KafkaException):
+                self._producer.flush(grace)
+        self._drop()
+
+
+# --- the relay's producer ------------------------------------------------------------------------------
 
 # Extra time past the producer's own delivery timeout before the relay stops waiting.
 FLUSH_MARGIN_S = 5.0
@@ -43,7 +335,7 @@ FLUSH_SLICE_S = 0.2
 # A metadata request's first wait; then twice as long each time, the callbacks served between.
 METADATA_SLICE_S = 0.5
 # A row still on its way on the patient producer when the rest of its stream batch was
-# delivered: it did not answer while the others did (outbox.patient).
+# delivered: it did not answer while the others did (outbox.producer).
 PENDING = KafkaError(KafkaError._MSG_TIMED_OUT,
                      "not acknowledged yet: sent again by the patient producer, which waits for "
                      "the broker's answer")
@@ -126,7 +418,7 @@ class EveryPartitionAble:
 
 class RelayProducer:
     """The producer of one relay, and what its callbacks said; its patient producer for rows
-    whose earlier attempt may already be on the topic (outbox.patient)."""
+    whose earlier attempt may already be on the topic (outbox.producer)."""
 
     def __init__(self, settings: RelaySettings, client_id: str, *, emit: Emit,
                  stop: threading.Event, topics: Topics | None = None) -> None:

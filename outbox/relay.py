@@ -8,7 +8,7 @@ parts, one concept each:
 - outbox.producer: the Kafka producer's life, its callbacks, a batch produced and awaited;
 - outbox.stream: the stream lane (the batch cut, the pipeline, the position moved per batch);
 - outbox.slow: the slow lane, for rows that left the stream;
-- outbox.reports: one classifier of delivery reports, for both lanes;
+- outbox.producer: one classifier of delivery reports, for both lanes;
 - outbox.retries: when a row that did not go out is tried again (its backoff, its partition's);
 - outbox.tally: what each batch did, said and counted;
 - outbox.held: the watch on a stream held back by a transaction open on the server.

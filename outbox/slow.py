@@ -5,16 +5,14 @@ could not take now gets its partition's retry delay and no attempt (it is never 
 a row whose topic is not on OUTBOX_TOPICS is never sent and parked at once.
 
 A row whose earlier attempt may already be on the topic goes to the patient producer, which is
-not waited for (outbox.patient): the lane records its report at a later turn, and meanwhile
+not waited for (outbox.producer): the lane records its report at a later turn, and meanwhile
 neither sends the row again nor lets its key's later rows by."""
 
 import time
 import uuid
 
 from outbox import metrics, store
-from outbox.patient import PatientReport
-from outbox.producer import RelayProducer
-from outbox.reports import Reports, sort_reports
+from outbox.producer import PatientReport, RelayProducer, Reports, sort_reports
 from outbox.retries import Retries
 from outbox.store import Read
 from outbox.tally import BatchOutcome, Tally

@@ -21,9 +21,8 @@ from outbox import metrics, store
 from outbox.config import Emit
 from outbox.held import HeldWatch
 from outbox.leadership import Leadership
-from outbox.producer import Batch, RelayProducer
+from outbox.producer import Batch, RelayProducer, Reports, sort_reports
 from outbox.reader import StreamReader
-from outbox.reports import Reports, sort_reports
 from outbox.retries import Retries
 from outbox.store import Position, Read, ReadMessage
 from outbox.tally import BatchOutcome, Tally

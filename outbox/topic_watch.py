@@ -16,7 +16,7 @@ DescribeConfigs), and:
   and the metadata is read again every LOOK_UNREADY_S until the partition looks able again;
 - keeps the partitions that did not answer in time (their rows timed out in the client while
   the rest of their batch was delivered) the same way, until a row of theirs is acknowledged
-  within the delivery timeout (the patient producer's probe, outbox.patient) or a look shows
+  within the delivery timeout (the patient producer's probe, outbox.producer) or a look shows
   another leader.
 
 Where a key goes is known without storing it: the producer's partitioner is librdkafka's
@@ -255,7 +255,7 @@ class TopicWatch:
 
     def partition_slow(self, topic: str, partition: int) -> None:
         """Its rows timed out in the client while the rest of their batch was delivered: it
-        is kept back like an unable one, one row at a time going as its probe (outbox.patient),
+        is kept back like an unable one, one row at a time going as its probe (outbox.producer),
         until it answers in time again or a look shows another leader."""
         if partition < 0 or topic not in self._partitions:
             return

@@ -15,8 +15,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from outbox.config import RelaySettings
-from outbox.producer import Batch, EveryPartitionAble, RelayProducer
-from outbox.reports import sort_reports
+from outbox.producer import Batch, EveryPartitionAble, RelayProducer, sort_reports
 from outbox.store import Read, ReadMessage
 
 Report = Callable[[KafkaError | None, Any], None]
