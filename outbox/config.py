@@ -22,7 +22,6 @@ from core.config import (
     parse_flag,
     parse_positive_int,
 )
-from outbox.read_size import MIN_READ_ROWS, ReadSize
 
 BOOTSTRAP_VAR = "KAFKA_BOOTSTRAP_SERVERS"
 PROPERTIES_VAR = "KAFKA_PRODUCER_CONFIG"
@@ -43,6 +42,10 @@ PLAIN_CLEARTEXT_ALLOW_VAR = "KAFKA_SASL_PLAINTEXT_ALLOW"
 # with its relay id), as every part of the relay is given them.
 Clock = Callable[[], float]
 Emit = Callable[[int, str, dict[str, Any]], None]
+
+# The stream's smallest read, and its first (OUTBOX_BATCH_SIZE_MIN's default; a smaller
+# OUTBOX_BATCH_SIZE is the only size: outbox.lanes.ReadSize).
+MIN_READ_ROWS = 100
 
 # A librdkafka property value, as KAFKA_PRODUCER_CONFIG may give it.
 Scalar = str | int | float | bool
@@ -88,7 +91,7 @@ class RelaySettings(Settings):
 
     bootstrap_servers: str = ""
     # The most rows a batch reads; the stream's reads start at `batch_size_min` (or at
-    # `batch_size`, if it is smaller) and grow while a backlog drains (outbox.read_size).
+    # `batch_size`, if it is smaller) and grow while a backlog drains (outbox.lanes).
     batch_size: int = 5000
     batch_size_min: int = MIN_READ_ROWS
     poll_interval: timedelta = timedelta(seconds=2)
@@ -113,10 +116,6 @@ class RelaySettings(Settings):
     # never sent (docs/operations.md, "Security").
     topics: frozenset[str] = frozenset({CONTRACT_TOPIC})
 
-    def read_size(self) -> ReadSize:
-        """The stream's read size for these settings: from `batch_size_min` (at most
-        `batch_size`) up to `batch_size`."""
-        return ReadSize.up_to(self.batch_size, floor=self.batch_size_min)
 
 
 def parse_bootstrap(name: str, raw: str) -> str:

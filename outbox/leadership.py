@@ -5,7 +5,7 @@ the stream belongs to this cluster before reading it (`settle`), a pooler by tra
 at start, before the lead (core.db's `transaction_pooler_in_the_way`), and every batch it records checks
 that its statements still reach the server process that took the lead (`leader_pid`,
 store.advance: a pooler by transaction would break the lock's meaning), and its reader checks
-that it reads the server the relay leads on (`server`, outbox.reader)."""
+that it reads the server the relay leads on (`server`, outbox.lanes)."""
 
 import contextlib
 import logging

@@ -7,8 +7,8 @@ from datetime import timedelta
 from typing import NamedTuple
 
 from core.exit_codes import ExitCode
+from outbox.lanes import RelayStats
 from outbox.store import Backlog, LockHolder
-from outbox.tally import RelayStats
 
 BACKLOG_RUNBOOK = "docs/runbooks/outbox-backlog.md"
 

@@ -335,7 +335,7 @@ FLUSH_SLICE_S = 0.2
 # A metadata request's first wait; then twice as long each time, the callbacks served between.
 METADATA_SLICE_S = 0.5
 # A row still on its way on the patient producer when the rest of its stream batch was
-# delivered: it did not answer while the others did (outbox.producer).
+# delivered: it did not answer while the others did (PatientProducer).
 PENDING = KafkaError(KafkaError._MSG_TIMED_OUT,
                      "not acknowledged yet: sent again by the patient producer, which waits for "
                      "the broker's answer")
@@ -418,7 +418,7 @@ class EveryPartitionAble:
 
 class RelayProducer:
     """The producer of one relay, and what its callbacks said; its patient producer for rows
-    whose earlier attempt may already be on the topic (outbox.producer)."""
+    whose earlier attempt may already be on the topic (PatientProducer)."""
 
     def __init__(self, settings: RelaySettings, client_id: str, *, emit: Emit,
                  stop: threading.Event, topics: Topics | None = None) -> None:
@@ -753,7 +753,7 @@ class RelayProducer:
         (one that came within the delivery timeout says its partition answers again), one
         detoured on its way is left to the slow lane, and a failure of a row read again is
         forgotten (it is sent again then). A slow-lane batch (`settled` None): its patient rows'
-        reports are the slow lane's (outbox.slow)."""
+        reports are the slow lane's (outbox.lanes.SlowLane)."""
         patient = self.patient
         for index, message in enumerate(batch.read):
             if message.key not in batch.patient or message.held:

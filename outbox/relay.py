@@ -6,12 +6,12 @@ parts, one concept each:
   advisory lock (the others stand by, and one of them takes over when the leader's database
   session ends);
 - outbox.producer: the Kafka producer's life, its callbacks, a batch produced and awaited;
-- outbox.stream: the stream lane (the batch cut, the pipeline, the position moved per batch);
-- outbox.slow: the slow lane, for rows that left the stream;
+- outbox.lanes: the stream lane (the batch cut, the pipeline, the position moved per batch);
+- outbox.lanes: the slow lane, for rows that left the stream;
 - outbox.producer: one classifier of delivery reports, for both lanes;
-- outbox.retries: when a row that did not go out is tried again (its backoff, its partition's);
-- outbox.tally: what each batch did, said and counted;
-- outbox.held: the watch on a stream held back by a transaction open on the server.
+- outbox.lanes: when a row that did not go out is tried again (its backoff, its partition's);
+- outbox.lanes: what each batch did, said and counted;
+- outbox.lanes: the watch on a stream held back by a transaction open on the server.
 
 No transaction is open during any Kafka call.
 """
@@ -33,14 +33,19 @@ from core.logs import log_event
 from core.supervise import Backoff, supervise
 from outbox import metrics, store
 from outbox.config import RelaySettings
-from outbox.held import HeldWatch
+from outbox.lanes import (
+    BatchOutcome,
+    HeldWatch,
+    ReadSize,
+    RelayStats,
+    Retries,
+    SlowLane,
+    StreamLane,
+    StreamReader,
+    Tally,
+)
 from outbox.leadership import Leadership
 from outbox.producer import RelayProducer
-from outbox.reader import StreamReader
-from outbox.retries import Retries
-from outbox.slow import SlowLane
-from outbox.stream import StreamLane
-from outbox.tally import BatchOutcome, RelayStats, Tally
 from outbox.topic_watch import TopicWatch
 from outbox.wakeup import Wakeup
 
@@ -88,8 +93,7 @@ class Relay:
         self.kafka = RelayProducer(settings, self.relay_id, emit=self._say, stop=self.stop,
                                    topics=self.topics)
         self.leadership = Leadership(using, emit=self._say)
-        self._reader = StreamReader(using, settings.batch_size, leader=self.leadership,
-                                    size=settings.read_size())
+        self._reader = StreamReader(using, ReadSize.of(settings), leader=self.leadership)
         self.retries = Retries(backoff_initial=settings.backoff_initial,
                                backoff_max=settings.backoff_max,
                                outage_log_interval=settings.outage_log_interval,

@@ -38,7 +38,7 @@ where (m.txid, m.seq) > (%(after_txid)s::xid8, %(after_seq)s::bigint)
 order by m.txid, m.seq
 limit %(batch_size)s;
 
--- stream_reader_session: the reader's session (outbox/reader.py) reads the stream in index order,
+-- stream_reader_session: the reader's session (outbox/lanes.py) reads the stream in index order,
 -- never by sorting every row ahead: the planner cannot know how many rows lie after the position
 -- (right after a bulk insert its estimate is a third of them), and would compute and sort them all
 -- for each batch

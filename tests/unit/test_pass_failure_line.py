@@ -6,9 +6,9 @@ from datetime import timedelta
 import pytest
 
 from core.exit_codes import ExitCode
+from outbox.lanes import RelayStats
 from outbox.pass_failure import failure_line, pass_failure
 from outbox.store import Backlog, LockHolder
-from outbox.tally import RelayStats
 
 WAITING = Backlog(unpublished=7, parked=0, oldest_created_at=None, oldest_age_s=412.0)
 HOLDER = LockHolder(pid=4242, user="relay", client_addr="10.0.0.9", client_port=5433,
