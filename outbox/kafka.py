@@ -241,6 +241,17 @@ def redact(text: str, settings: RelaySettings) -> str:
     return text
 
 
+def redacting(emit: Emit, settings: RelaySettings) -> Emit:
+    """`emit`, its `error` field (librdkafka's text) scrubbed, as every line that shows it."""
+
+    def say(level: int, event: str, fields: dict[str, Any]) -> None:
+        if "error" in fields:
+            fields = {**fields, "error": redact(fields["error"], settings)}
+        emit(level, event, fields)
+
+    return say
+
+
 # --- librdkafka's own log ---------------------------------------------------------------------
 
 logger = logging.getLogger("outbox.kafka")

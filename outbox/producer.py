@@ -63,7 +63,7 @@ from outbox.kafka import (
     local_timeout,
     partition_unavailable,
     possibly_appended,
-    redact,
+    redacting,
     refusal,
     refused,
 )
@@ -421,7 +421,8 @@ class RelayProducer:
     whose earlier attempt may already be on the topic (PatientProducer)."""
 
     def __init__(self, settings: RelaySettings, client_id: str, *, emit: Emit,
-                 stop: threading.Event, topics: Topics | None = None) -> None:
+                 stop: threading.Event, topics: Topics | None = None,
+                 outage: OutageLog | None = None) -> None:
         self.settings = settings
         self.client_id = client_id
         self._emit = emit
@@ -434,8 +435,9 @@ class RelayProducer:
         # Batches handed to the current producer and not acknowledged yet, oldest first.
         self._unacked: list[Batch] = []
         self.patient = PatientProducer(settings, client_id, emit=emit)
-        self.outage = OutageLog(self._log_outage,
-                                interval_s=settings.outage_log_interval.total_seconds())
+        # Kafka's outage, said in a few lines (given by the relay, whose topic watch reads it too).
+        self.outage = outage or OutageLog(redacting(emit, settings),
+                                          interval_s=settings.outage_log_interval.total_seconds())
 
     @property
     def producer(self) -> Producer:
@@ -453,11 +455,6 @@ class RelayProducer:
     @property
     def refused(self) -> bool:
         return self._refused is not None
-
-    def _log_outage(self, level: int, event: str, fields: dict[str, Any]) -> None:
-        if "error" in fields:  # librdkafka's text: scrubbed, as every line that shows it
-            fields = {**fields, "error": redact(fields["error"], self.settings)}
-        self._emit(level, event, fields)
 
     def _on_error(self, error: KafkaError) -> None:
         """librdkafka's error callback: a refusal stops the relay, a fatal error replaces the

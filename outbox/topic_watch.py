@@ -176,6 +176,7 @@ class TopicWatch:
                  admin: Callable[[], Any] | None = None, look_again_s: float = LOOK_AGAIN_S,
                  look_unready_s: float = LOOK_UNREADY_S,
                  kafka_failing: Callable[[], bool] = lambda: False,
+                 on_ready: Callable[[str, int], bool] = lambda _topic, _partition: False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.using = using
@@ -186,6 +187,9 @@ class TopicWatch:
         self._admin: Any = None
         self._clock = clock
         self._kafka_failing = kafka_failing  # the producer's outage: no look then
+        # Told (topic, partition) when a partition found unable looks able again; True if it
+        # was in an outage (its deferred rows are then due at once).
+        self.on_ready = on_ready
         self._admitted: set[str] = set()  # looked at: checked, or its configuration unreadable
         self._partitions: dict[str, int] = {}  # as last recorded
         self._durability: dict[str, str] = {}  # the state said for each topic
@@ -200,9 +204,6 @@ class TopicWatch:
         # (the metadata says nothing of it), only by an answer in time or another leader.
         self._slow: dict[str, dict[int, tuple[int, KafkaError]]] = {}
         self._leaders: dict[str, dict[int, int]] = {}  # by topic, as the last look saw them
-        # Told (topic, partition) when a partition found unable looks able again; True if it
-        # was in an outage (its deferred rows are then due at once).
-        self.on_ready: Callable[[str, int], bool] = lambda _topic, _partition: False
 
     def admit(self, messages: Sequence[Any]) -> Unsendable:
         """Before a batch goes to the producer: look at each of its topics not looked at yet;

@@ -21,8 +21,7 @@ from devtools.topic import Record
 from outbox import store
 from outbox.config import RelaySettings
 from outbox.lanes import ReadSize, StreamReader
-from outbox.relay import Relay
-from outbox.wakeup import Wakeup
+from outbox.relay import Relay, Wakeup
 from reminders import events
 from tests.conftest import test_database_url
 from tests.support.contract import assert_event_valid
