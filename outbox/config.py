@@ -271,8 +271,10 @@ def parse_properties(name: str, raw: str) -> tuple[tuple[str, Scalar], ...]:
     return tuple(sorted(parsed.items()))
 
 
-def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True) -> RelaySettings:
-    """Read KAFKA_* and OUTBOX_* from `environ`; defaults for what is unset."""
+def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True,
+                        batch_size: str | None = None) -> RelaySettings:
+    """Read KAFKA_* and OUTBOX_* from `environ`; defaults for what is unset. `batch_size`
+    (publish_outbox --batch-size) stands for OUTBOX_BATCH_SIZE, checked with the rest."""
     env = Environment(environ)
     for name, why in DEPRECATED_VARIABLES.items():
         if env.raw(name) is not None:
@@ -282,13 +284,15 @@ def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True) 
     if need_kafka and env.raw(BOOTSTRAP_VAR) is None:
         raise ConfigError(BOOTSTRAP_VAR, "not set; expected host:port[,host:port...]")
     raw_properties = env.raw(PROPERTIES_VAR)
-    settings = RelaySettings().with_overrides(
-        **env.fields(VARIABLES),
-        security=load_security(environ),
-        extra_properties=() if raw_properties is None
-        else parse_properties(PROPERTIES_VAR, raw_properties),
-    )
-    validate(settings, batch_size_min_set=env.raw("OUTBOX_BATCH_SIZE_MIN") is not None)
+    fields = env.fields(VARIABLES)
+    security = load_security(environ)
+    extra_properties = (() if raw_properties is None
+                        else parse_properties(PROPERTIES_VAR, raw_properties))
+    if batch_size is not None:
+        fields["batch_size"] = parse_positive_int("--batch-size", batch_size)
+    settings = RelaySettings().with_overrides(**fields, security=security,
+                                              extra_properties=extra_properties)
+    validate(settings, batch_size_min_set="batch_size_min" in fields)
     return settings
 
 

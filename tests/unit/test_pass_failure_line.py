@@ -1,5 +1,5 @@
 """The line a one-shot relay pass ends with, its exit code, and when it exits 0
-(outbox.pass_failure)."""
+(outbox.one_pass)."""
 
 from datetime import timedelta
 
@@ -7,7 +7,7 @@ import pytest
 
 from core.exit_codes import ExitCode
 from outbox.lanes import RelayStats
-from outbox.pass_failure import failure_line, pass_failure
+from outbox.one_pass import failure_line, pass_failure
 from outbox.store import Backlog, LockHolder
 
 WAITING = Backlog(unpublished=7, parked=0, oldest_created_at=None, oldest_age_s=412.0)
