@@ -559,7 +559,7 @@ class StreamLane:
             if outcome.broker_unavailable:
                 run.reading = False
             if self._producer.refused and not run.in_flight:
-                self._producer.check_refused()  # every batch in flight accounted for first
+                self._producer.state.check_refused()  # every batch in flight accounted for first
 
     def _fill(self, run: StreamRun) -> None:
         """Read and produce stream batches until PIPELINE_DEPTH are in flight (or nothing more
@@ -608,7 +608,7 @@ class StreamLane:
         (nothing of it is recorded; what was delivered is sent again, at least once, and a row
         its attempt may have left on the topic goes to the patient producer then)."""
         self._producer.await_batch(batch)
-        self._producer.record_patient(batch, Reports(settled=0), stream=True)
+        self._producer.route.record(batch, Reports(settled=0), stream=True)
 
     def finish(self, batch: Batch, start: Position,
                detoured_keys: set[str] | None = None) -> BatchOutcome:
@@ -617,7 +617,7 @@ class StreamLane:
         delay, no attempt counted) or held (detoured); it stops before the first row the broker
         could not take (or that the stop released)."""
         self._producer.await_batch(batch)
-        self._producer.await_patient(batch)
+        self._producer.route.await_reports(batch)
         reports = sort_reports(batch.read, batch.errors, acked_at=batch.acked_at,
                                read_at=batch.read_at, stop_at_unavailable=True,
                                unsent=batch.unsent, off_allowlist=batch.off_allowlist,
@@ -649,7 +649,7 @@ class StreamLane:
                 detoured_keys.update(m.key for m, _error in reports.detoured)
                 detoured_keys.update(m.key for m, _error in reports.deferred)
                 detoured_keys.update(m.key for m, _why in reports.off_allowlist)
-        self._producer.record_patient(batch, reports, stream=True)
+        self._producer.route.record(batch, reports, stream=True)
         if outcome.published or outcome.released:
             self._probe = (frozenset() if outcome.published
                            else frozenset(m.key for m in batch.read[recorded:]))
@@ -690,7 +690,7 @@ class SlowLane:
         reports = sort_reports(sent, batch.errors, acked_at=batch.acked_at,
                                read_at=batch.read_at, stop_at_unavailable=False,
                                off_allowlist=batch.off_allowlist)
-        self._producer.record_patient(batch, reports, stream=False)
+        self._producer.route.record(batch, reports, stream=False)
         outcome.merge(self._record(reports, batch.partitions, read=len(batch.read)))
         return outcome
 

@@ -131,24 +131,42 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
             and not any(m.held for m in messages)):
         reports.delivered = list(messages)  # the usual batch: every row delivered
     else:
-        acked = acked_at is not None
-        sent = [m for m in messages
-                if not m.held and m.key not in unsent and m.key not in off_allowlist]
-        answered = acked and (not stop_at_unavailable or any(m.key not in errors for m in sent))
-        if answered and stop_at_unavailable and any(
-                partition_unavailable(e) and local_timeout(e)
-                for e in (errors[m.key] for m in sent if m.key in errors)):
-            answered = cluster_answers()
-        _sort_each(reports, messages, errors, acked=acked, defer=answered,
+        defer = acked_at is not None and _cluster_answered(
+            messages, errors, stop_at_unavailable=stop_at_unavailable, unsent=unsent,
+            off_allowlist=off_allowlist, cluster_answers=cluster_answers)
+        _sort_each(reports, messages, errors, acked=acked_at is not None, defer=defer,
                    stop_at_unavailable=stop_at_unavailable, unavailable=unavailable,
                    off_allowlist=off_allowlist)
     if acked_at is not None and reports.delivered:
-        since_read = acked_at - read_at
-        clock_s = reports.delivered[0].clock_s  # one read: one clock
-        reports.latencies = [(max(0.0, clock_s - created_ms / 1000) + since_read, rows)
-                             for created_ms, rows in
-                             Counter(m.timestamp_ms for m in reports.delivered).items()]
+        reports.latencies = _latencies(reports.delivered, acked_at=acked_at, read_at=read_at)
     return reports
+
+
+def _cluster_answered(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaError], *,
+                      stop_at_unavailable: bool, unsent: Collection[str],
+                      off_allowlist: Mapping[str, str],
+                      cluster_answers: Callable[[], bool]) -> bool:
+    """Did the cluster answer an acknowledged batch, so that its rows with a partition-level
+    error are deferred (`sort_reports`)? The slow lane's always; the stream's if a row it sent
+    was delivered, and, when a row timed out in this client, if `cluster_answers()` says so."""
+    if not stop_at_unavailable:
+        return True
+    sent = [m for m in messages
+            if not m.held and m.key not in unsent and m.key not in off_allowlist]
+    if all(m.key in errors for m in sent):
+        return False
+    timed_out = (partition_unavailable(e) and local_timeout(e)
+                 for e in (errors[m.key] for m in sent if m.key in errors))
+    return cluster_answers() if any(timed_out) else True
+
+
+def _latencies(delivered: Sequence[ReadMessage], *, acked_at: float,
+               read_at: float) -> list[tuple[float, int]]:
+    """The delivered rows' ages at the acknowledgement: (seconds, rows), one per created_at."""
+    since_read = acked_at - read_at
+    clock_s = delivered[0].clock_s  # one read: one clock
+    return [(max(0.0, clock_s - created_ms / 1000) + since_read, rows)
+            for created_ms, rows in Counter(m.timestamp_ms for m in delivered).items()]
 
 
 def _sort_each(reports: Reports, messages: Sequence[ReadMessage],
@@ -416,69 +434,179 @@ class EveryPartitionAble:
         pass
 
 
-class RelayProducer:
-    """The producer of one relay, and what its callbacks said; its patient producer for rows
-    whose earlier attempt may already be on the topic (PatientProducer)."""
+class PatientRoute:
+    """A batch's rows whose outcome is the patient producer's: sent there while the batch is
+    produced (`takes`), waited for beside it (`await_reports`), their reports taken once it is
+    recorded (`record`), and the rows the relay's producer gave up on while they may have been
+    sent marked for the patient way from then on."""
 
-    def __init__(self, settings: RelaySettings, client_id: str, *, emit: Emit,
-                 stop: threading.Event, topics: Topics | None = None,
+    def __init__(self, patient: PatientProducer, topics: Topics, stop: threading.Event) -> None:
+        self.patient = patient
+        self.topics = topics
+        self._stop = stop
+
+    def takes(self, message: ReadMessage, batch: Batch,
+              unsendable: Mapping[str, tuple[int, KafkaError]], *, careful: bool) -> bool:
+        """Whether a row of a batch being produced goes the patient way (its outcome is then the
+        patient producer's): one that producer has, one whose earlier attempt may be on the
+        topic (sent there, whatever the metadata says), or the probe of a partition kept back
+        for not answering in time (one row of it at a time). `careful`: the patient producer
+        had rows, or had to, when the batch began."""
+        if careful and self._careful(message, batch, unsendable):
+            return True
+        kept = unsendable.get(message.key) if unsendable else None
+        if kept is None:
+            return False
+        partition, error = kept
+        if (error.code() != KafkaError._MSG_TIMED_OUT
+                or self.patient.probing(message.topic, partition)):
+            return False
+        self._send(message, batch, partition)  # the partition's probe
+        return True
+
+    def _careful(self, message: ReadMessage, batch: Batch,
+                 unsendable: Mapping[str, tuple[int, KafkaError]]) -> bool:
+        """A row the patient producer has, or one whose earlier attempt may be on the topic."""
+        patient = self.patient
+        if patient.holds(message.id):
+            batch.patient.add(message.key)
+            return True
+        if message.id not in patient.possibly_appended:
+            return False
+        partition = (unsendable[message.key][0] if message.key in unsendable
+                     else self.topics.partition_of(message.topic, message.key))
+        self._send(message, batch, partition)
+        return True
+
+    def _send(self, message: ReadMessage, batch: Batch, partition: int) -> None:
+        self.patient.send(message, partition)
+        batch.patient.add(message.key)
+
+    def await_reports(self, batch: Batch) -> None:
+        """A stream batch's rows on the patient producer: waited for while nothing else of the
+        batch was delivered (they may be all the batch has to say), up to the delivery timeout
+        from the batch's produce; once the rest was delivered, a moment more (a row still on its
+        way then did not answer while the others did). Their outcomes go into the batch's
+        errors (PENDING: still on its way); nothing is taken before the batch is recorded
+        (`record`)."""
+        if not batch.patient:
+            return
+        waiting = {m.id for m in batch.read if m.key in batch.patient and not m.held}
+        patient = self.patient
+        deadline = batch.deadline - FLUSH_MARGIN_S  # the delivery timeout, from the produce
+        while not self._stop.is_set():
+            if all(patient.report(i) is not None for i in waiting):
+                break
+            now = time.monotonic()
+            if batch.acked_at is not None and batch.sent > _failed_sent(batch):
+                deadline = min(deadline, max(now, batch.acked_at) + FLUSH_SLICE_S)
+            if now >= deadline:
+                break
+            patient.serve(min(FLUSH_SLICE_S, deadline - now))
+        for message in batch.read:
+            if message.key in batch.patient and not message.held:
+                report = patient.report(message.id)
+                if report is None:
+                    batch.errors[message.key] = PENDING
+                    batch.partitions[message.key] = self.topics.partition_of(message.topic,
+                                                                             message.key)
+                elif report.error is not None:
+                    batch.errors[message.key] = report.error
+                    batch.partitions[message.key] = report.partition
+
+    def record(self, batch: Batch, reports: Reports, *, stream: bool) -> None:
+        """After a batch was recorded: its patient rows' reports (`_take_reports`); the
+        rows the relay's producer gave up on while they may have been sent are possibly
+        appended from now on (in either lane they go to the patient producer); a partition
+        whose rows timed out in the client while the rest of the batch was delivered is slow
+        (outbox.topic_watch keeps it back)."""
+        patient = self.patient
+        if not (batch.errors or batch.patient or patient.possibly_appended):
+            return
+        if batch.patient:
+            self._take_reports(batch, reports.settled if stream else None)
+        by_key = {m.key: m for m in batch.read} if batch.errors else {}
+        for key, error in batch.errors.items():
+            if key not in batch.unsent and key not in batch.patient and possibly_appended(error):
+                patient.possibly_appended.add(by_key[key].id)
+        if not reports.delivered:
+            return
+        if patient.possibly_appended:
+            patient.possibly_appended.difference_update(m.id for m in reports.delivered)
+        for message, error in reports.deferred:
+            if local_timeout(error) and message.key not in batch.unsent:
+                self.topics.partition_slow(message.topic, batch.partitions.get(message.key, -1))
+
+    def _take_reports(self, batch: Batch, settled: int | None) -> None:
+        """A stream batch (rows up to `settled` recorded): a recorded row's report is taken
+        (one that came within the delivery timeout says its partition answers again), one
+        detoured on its way is left to the slow lane, and a failure of a row read again is
+        forgotten (it is sent again then). A slow-lane batch (`settled` None): its patient rows'
+        reports are the slow lane's (outbox.lanes.SlowLane)."""
+        patient = self.patient
+        for index, message in enumerate(batch.read):
+            if message.key not in batch.patient or message.held:
+                continue
+            if settled is None:
+                patient.to_slow_lane(message.id)
+            elif index >= settled:
+                failed = patient.report(message.id)
+                if failed is not None and failed.error is not None:
+                    patient.take(message.id)
+            else:
+                report = patient.take(message.id)
+                if report is None:
+                    patient.to_slow_lane(message.id)
+                elif report.error is None and report.in_time:
+                    self.topics.answered_in_time(message.topic, report.partition)
+
+
+def _failed_sent(batch: Batch) -> int:
+    """How many rows the relay's producer sent in `batch` got an error report."""
+    return sum(1 for key in batch.errors
+               if key not in batch.unsent and key not in batch.patient)
+
+
+class KafkaState:
+    """What Kafka said of the relay's producer, by its callbacks and its batches: a refusal
+    (said once; the relay stops on it, `check_refused`), a fatal error (the producer is
+    replaced: `fatal`), a failing connection or a batch released (Kafka's outage log), an
+    answer (the connection metric, the outage's end)."""
+
+    def __init__(self, settings: RelaySettings, *, emit: Emit, stop: threading.Event,
                  outage: OutageLog | None = None) -> None:
-        self.settings = settings
-        self.client_id = client_id
+        self._settings = settings
         self._emit = emit
         self._stop = stop
-        self.topics: Topics = topics or EveryPartitionAble()
-        self._producer: Producer | None = None
-        self._fatal: KafkaError | None = None
-        self._refused: KafkaError | None = None  # the first refusal: the relay stops on it
-        self._stop_seen_at: float | None = None
-        # Batches handed to the current producer and not acknowledged yet, oldest first.
-        self._unacked: list[Batch] = []
-        self.patient = PatientProducer(settings, client_id, emit=emit)
         # Kafka's outage, said in a few lines (given by the relay, whose topic watch reads it too).
         self.outage = outage or OutageLog(redacting(emit, settings),
                                           interval_s=settings.outage_log_interval.total_seconds())
+        self.fatal: KafkaError | None = None
+        self.refusal: KafkaError | None = None  # the first refusal: the relay stops on it
 
-    @property
-    def producer(self) -> Producer:
-        if self._producer is None or self._fatal is not None:
-            if self._fatal is not None:
-                self._emit(logging.ERROR, "producer failed fatally, starting a new one",
-                           {"error": describe(self._fatal)})
-                if self._producer is not None:
-                    self._drop(self._producer)
-            self._fatal = None
-            self._producer = kafka.new_producer(self.settings, self.client_id, self._on_error,
-                                                self._on_statistics)
-        return self._producer
-
-    @property
-    def refused(self) -> bool:
-        return self._refused is not None
-
-    def _on_error(self, error: KafkaError) -> None:
+    def on_error(self, error: KafkaError) -> None:
         """librdkafka's error callback: a refusal stops the relay, a fatal error replaces the
         producer (its line is the replacement's), anything else is a failing connection."""
         if error.code() == KafkaError._ALL_BROKERS_DOWN:
             metrics.set_connected(False)
         if error.fatal():
-            self._fatal = error
+            self.fatal = error
         if refused(error):
-            self._refuse(error)
+            self.refuse(error)
             return
         if error.fatal():
             return  # said by the replacement's line ("producer failed fatally")
-        if self._refused is not None and error.code() == KafkaError._ALL_BROKERS_DOWN:
+        if self.refusal is not None and error.code() == KafkaError._ALL_BROKERS_DOWN:
             return  # the refusal's consequence, already said
         self.outage.failed(describe(error))
 
-    def _refuse(self, error: KafkaError) -> None:
+    def refuse(self, error: KafkaError) -> None:
         """The broker refused the relay: said once; the relay stops (check_refused)."""
-        if self._refused is None:
-            self._refused = error
+        if self.refusal is None:
+            self.refusal = error
             self._emit(logging.ERROR, "kafka refused the relay", {"error": describe(error)})
 
-    def _on_statistics(self, text: str) -> None:
+    def on_statistics(self, text: str) -> None:
         """librdkafka's statistics: the metrics, and a broker up means Kafka answers again."""
         stats = parse_statistics(text)
         metrics.observe_statistics(stats)
@@ -496,13 +624,63 @@ class RelayProducer:
         once the broker refused the relay (its line says it all)."""
         if published:
             self.reached_kafka()
-        if released and self._refused is None:
+        if released and self.refusal is None:
             error_text = describe(first_unavailable) if first_unavailable else "no report"
             if self._stop.is_set():  # the shutdown grace ran out, not necessarily the broker
                 self._emit(logging.WARNING, "messages released at stop",
                            {"released": released, "error": error_text})
             else:
                 self.outage.failed(error_text, released=released)
+
+    def check_refused(self) -> None:
+        """Raise KafkaRefusedError once the broker refused the credentials or the handshake."""
+        if self.refusal is not None:
+            raise refusal(self.refusal, self._settings)
+
+
+class RelayProducer:
+    """The producer of one relay, a batch handed to it and awaited; what Kafka said of it is
+    its KafkaState's, its rows that go the patient way its PatientRoute's."""
+
+    def __init__(self, settings: RelaySettings, client_id: str, *, emit: Emit,
+                 stop: threading.Event, topics: Topics | None = None,
+                 outage: OutageLog | None = None) -> None:
+        self.settings = settings
+        self.client_id = client_id
+        self._emit = emit
+        self._stop = stop
+        self.topics: Topics = topics or EveryPartitionAble()
+        self._producer: Producer | None = None
+        self._stop_seen_at: float | None = None
+        # Batches handed to the current producer and not acknowledged yet, oldest first.
+        self._unacked: list[Batch] = []
+        self.patient = PatientProducer(settings, client_id, emit=emit)
+        self.route = PatientRoute(self.patient, self.topics, stop)
+        self.state = KafkaState(settings, emit=emit, stop=stop, outage=outage)
+        self.outage = self.state.outage
+
+    @property
+    def producer(self) -> Producer:
+        if self._producer is None or self.state.fatal is not None:
+            if self.state.fatal is not None:
+                self._emit(logging.ERROR, "producer failed fatally, starting a new one",
+                           {"error": describe(self.state.fatal)})
+                if self._producer is not None:
+                    self._drop(self._producer)
+            self.state.fatal = None
+            self._producer = kafka.new_producer(self.settings, self.client_id,
+                                                self.state.on_error, self.state.on_statistics)
+        return self._producer
+
+    @property
+    def refused(self) -> bool:
+        return self.state.refusal is not None
+
+    def batch_recorded(self, *, published: int, released: int,
+                       first_unavailable: KafkaError | None) -> None:
+        """What a recorded batch says of Kafka (KafkaState.batch_recorded)."""
+        self.state.batch_recorded(published=published, released=released,
+                                  first_unavailable=first_unavailable)
 
     def _poll(self, producer: Producer, timeout: float) -> bool:
         """Serve callbacks; False if the producer failed fatally (poll raises that, for instance
@@ -522,9 +700,9 @@ class RelayProducer:
             error = exc.args[0]
             if not (isinstance(error, KafkaError) and error.fatal()):
                 raise
-            self._fatal = self._fatal or error
+            self.state.fatal = self.state.fatal or error
             if refused(error):  # a principal that may not produce: no new producer may either
-                self._refuse(error)
+                self.state.refuse(error)
             return None
 
     def _drop(self, producer: Producer) -> None:
@@ -535,25 +713,20 @@ class RelayProducer:
         self._poll(producer, 0)
         self._unacked = [b for b in self._unacked if b.producer is not producer]
 
-    def check_refused(self) -> None:
-        """Raise KafkaRefusedError once the broker refused the credentials or the handshake."""
-        if self._refused is not None:
-            raise refusal(self._refused, self.settings)
-
     def connect(self) -> None:
         """Start the producer now (it connects at once), so a refusal shows before any event."""
         self._poll(self.producer, 0)
-        self.check_refused()
+        self.state.check_refused()
 
     def check_broker(self) -> bool:
         """Ask the broker for its metadata, up to the delivery timeout: True if it answered;
         a refusal (credentials, TLS handshake) raises KafkaRefusedError."""
         failure = self._ask_metadata()
-        self.check_refused()
+        self.state.check_refused()
         if failure is not None:
             self.outage.failed(describe(failure.args[0]) if failure.args else str(failure))
             return False
-        self.reached_kafka()
+        self.state.reached_kafka()
         return True
 
     def cluster_answers(self) -> bool:
@@ -580,7 +753,7 @@ class RelayProducer:
                 return None
             finally:
                 self._poll(producer, 0)
-            if self._refused is not None or time.monotonic() >= deadline:
+            if self.state.refusal is not None or time.monotonic() >= deadline:
                 return failure
             slice_s *= 2
 
@@ -597,7 +770,7 @@ class RelayProducer:
                 return
             except BufferError:
                 if not self._poll(producer, 0.05):  # the local queue is full: let it drain
-                    errors[message.key] = self._fatal or KafkaError(KafkaError._FATAL)
+                    errors[message.key] = self.state.fatal or KafkaError(KafkaError._FATAL)
                     return
             except TypeError:
                 if recorded:
@@ -606,7 +779,7 @@ class RelayProducer:
             except KafkaException as exc:
                 error = exc.args[0]
                 if isinstance(error, KafkaError) and error.fatal():
-                    self._fatal = self._fatal or error
+                    self.state.fatal = self.state.fatal or error
                 errors[message.key] = error
                 return
 
@@ -631,7 +804,7 @@ class RelayProducer:
                 if error.code() in PRODUCER_STATE_CODES and not error.fatal():
                     # A broker that forgot this producer (or gave its id to the patient one,
                     # Tansu after a restart) fences every message of it: replace it.
-                    self._fatal = self._fatal or error
+                    self.state.fatal = self.state.fatal or error
                 key = record.key().decode()
                 errors[key] = error
                 partition = record.partition()  # None while none was assigned
@@ -647,15 +820,11 @@ class RelayProducer:
             if off_topics and message.key in off_topics:
                 batch.off_allowlist[message.key] = off_allowlist_error(message.topic, allowed)
                 continue
-            if careful and self._sent_patiently(message, batch, unsendable):
+            if (careful or unsendable) and self.route.takes(message, batch, unsendable,
+                                                            careful=careful):
                 continue
             if unsendable and message.key in unsendable:
-                partition, error = unsendable[message.key]
-                if (error.code() == KafkaError._MSG_TIMED_OUT
-                        and not self.patient.probing(message.topic, partition)):
-                    self._send_patiently(message, batch, partition)  # the partition's probe
-                    continue
-                partitions[message.key], errors[message.key] = partition, error
+                partitions[message.key], errors[message.key] = unsendable[message.key]
                 batch.unsent.add(message.key)
                 continue
             batch.sent += 1
@@ -671,103 +840,6 @@ class RelayProducer:
                    {"produced": batch.sent, "lane": "slow" if start is None else "stream"})
         return batch
 
-    def _sent_patiently(self, message: ReadMessage, batch: Batch,
-                        unsendable: Mapping[str, tuple[int, KafkaError]]) -> bool:
-        """A row the patient producer has (its outcome is that producer's), or one whose
-        earlier attempt may be on the topic (sent there, whatever the metadata says)."""
-        patient = self.patient
-        if patient.holds(message.id):
-            batch.patient.add(message.key)
-            return True
-        if message.id not in patient.possibly_appended:
-            return False
-        partition = (unsendable[message.key][0] if message.key in unsendable
-                     else self.topics.partition_of(message.topic, message.key))
-        self._send_patiently(message, batch, partition)
-        return True
-
-    def _send_patiently(self, message: ReadMessage, batch: Batch, partition: int) -> None:
-        self.patient.send(message, partition)
-        batch.patient.add(message.key)
-
-    def await_patient(self, batch: Batch) -> None:
-        """A stream batch's rows on the patient producer: waited for while nothing else of the
-        batch was delivered (they may be all the batch has to say), up to the delivery timeout
-        from the batch's produce; once the rest was delivered, a moment more (a row still on its
-        way then did not answer while the others did). Their outcomes go into the batch's
-        errors (PENDING: still on its way); nothing is taken before the batch is recorded
-        (`record_patient`)."""
-        if not batch.patient:
-            return
-        waiting = {m.id for m in batch.read if m.key in batch.patient and not m.held}
-        patient = self.patient
-        deadline = batch.deadline - FLUSH_MARGIN_S  # the delivery timeout, from the produce
-        while not self._stop.is_set():
-            if all(patient.report(i) is not None for i in waiting):
-                break
-            now = time.monotonic()
-            if batch.acked_at is not None and batch.sent > _failed_sent(batch):
-                deadline = min(deadline, max(now, batch.acked_at) + FLUSH_SLICE_S)
-            if now >= deadline:
-                break
-            patient.serve(min(FLUSH_SLICE_S, deadline - now))
-        for message in batch.read:
-            if message.key in batch.patient and not message.held:
-                report = patient.report(message.id)
-                if report is None:
-                    batch.errors[message.key] = PENDING
-                    batch.partitions[message.key] = self.topics.partition_of(message.topic,
-                                                                             message.key)
-                elif report.error is not None:
-                    batch.errors[message.key] = report.error
-                    batch.partitions[message.key] = report.partition
-
-    def record_patient(self, batch: Batch, reports: Reports, *, stream: bool) -> None:
-        """After a batch was recorded: its patient rows' reports (`_take_patient_reports`); the
-        rows the relay's producer gave up on while they may have been sent are possibly
-        appended from now on (in either lane they go to the patient producer); a partition
-        whose rows timed out in the client while the rest of the batch was delivered is slow
-        (outbox.topic_watch keeps it back)."""
-        patient = self.patient
-        if not (batch.errors or batch.patient or patient.possibly_appended):
-            return
-        if batch.patient:
-            self._take_patient_reports(batch, reports.settled if stream else None)
-        by_key = {m.key: m for m in batch.read} if batch.errors else {}
-        for key, error in batch.errors.items():
-            if key not in batch.unsent and key not in batch.patient and possibly_appended(error):
-                patient.possibly_appended.add(by_key[key].id)
-        if not reports.delivered:
-            return
-        if patient.possibly_appended:
-            patient.possibly_appended.difference_update(m.id for m in reports.delivered)
-        for message, error in reports.deferred:
-            if local_timeout(error) and message.key not in batch.unsent:
-                self.topics.partition_slow(message.topic, batch.partitions.get(message.key, -1))
-
-    def _take_patient_reports(self, batch: Batch, settled: int | None) -> None:
-        """A stream batch (rows up to `settled` recorded): a recorded row's report is taken
-        (one that came within the delivery timeout says its partition answers again), one
-        detoured on its way is left to the slow lane, and a failure of a row read again is
-        forgotten (it is sent again then). A slow-lane batch (`settled` None): its patient rows'
-        reports are the slow lane's (outbox.lanes.SlowLane)."""
-        patient = self.patient
-        for index, message in enumerate(batch.read):
-            if message.key not in batch.patient or message.held:
-                continue
-            if settled is None:
-                patient.to_slow_lane(message.id)
-            elif index >= settled:
-                failed = patient.report(message.id)
-                if failed is not None and failed.error is not None:
-                    patient.take(message.id)
-            else:
-                report = patient.take(message.id)
-                if report is None:
-                    patient.to_slow_lane(message.id)
-                elif report.error is None and report.in_time:
-                    self.topics.answered_in_time(message.topic, report.partition)
-
     def await_batch(self, batch: Batch) -> None:
         """Wait until the producer has nothing in flight or unreported after the batch (later
         batches' messages are waited for too): `batch.acked_at` is set then. Up to the delivery
@@ -781,7 +853,7 @@ class RelayProducer:
                     self._stop_seen_at = now
                 deadline = min(deadline,
                                self._stop_seen_at + self.settings.shutdown_grace.total_seconds())
-            failed = (self._refused is not None or self._fatal is not None
+            failed = (self.state.refusal is not None or self.state.fatal is not None
                       or producer is not self._producer
                       or not any(b is batch for b in self._unacked))
             if now >= deadline or failed:
@@ -789,7 +861,7 @@ class RelayProducer:
                 self._drop(producer)
                 return
             left = self._flush(producer, min(FLUSH_SLICE_S, deadline - now))
-            if left == 0 and self._fatal is None and self._refused is None:
+            if left == 0 and self.state.fatal is None and self.state.refusal is None:
                 self._acknowledged(producer, time.monotonic())
 
     def _acknowledged(self, producer: Producer, now: float) -> None:
@@ -804,9 +876,9 @@ class RelayProducer:
         """Let the producer finish (nothing is in flight between batches) and drop it; the
         patient producer gets the shutdown grace for what it has on its way."""
         self.patient.close(self.settings.shutdown_grace.total_seconds())
-        if self._fatal is not None and self._refused is None:  # no replacement said it
-            self._emit(logging.ERROR, "producer failed fatally", {"error": describe(self._fatal)})
-            self._fatal = None
+        if self.state.fatal is not None and self.state.refusal is None:  # no replacement said it
+            self._emit(logging.ERROR, "producer failed fatally", {"error": describe(self.state.fatal)})
+            self.state.fatal = None
         if self._producer is not None:
             try:
                 self._producer.flush(self.settings.shutdown_grace.total_seconds())
@@ -814,8 +886,3 @@ class RelayProducer:
                 self._drop(self._producer)  # failed fatally: nothing left to wait for
             self._producer = None
 
-
-def _failed_sent(batch: Batch) -> int:
-    """How many rows the relay's producer sent in `batch` got an error report."""
-    return sum(1 for key in batch.errors
-               if key not in batch.unsent and key not in batch.patient)

@@ -352,7 +352,7 @@ class Relay:
         total = BatchOutcome()
         if self.stop.is_set():
             return total
-        self.kafka.check_refused()
+        self.kafka.state.check_refused()
         if not self.lead():
             return total
         total.merge(self.slow.publish())

@@ -163,6 +163,12 @@ def replicas_of(partitions: Mapping[int, Any]) -> int:
     return min((len(set(p.replicas)) for p in partitions.values()), default=0)
 
 
+# What the watch says of a topic's durability, by its state (the metric's label).
+DURABILITY_LINES = {"verified": (logging.INFO, "topic keeps what it acknowledges"),
+                    "unverified": (logging.WARNING, "topic durability unverified"),
+                    "allowed": (logging.WARNING, "topic may lose acknowledged records, allowed by "
+                                                 "OUTBOX_ALLOW_UNDURABLE_TOPIC")}
+
 # A row not sent: its partition and the error its deferral records, by key.
 Unsendable = dict[str, tuple[int, KafkaError]]
 
@@ -406,19 +412,13 @@ class TopicWatch:
                 "consequence": "order per key does not hold across the change: a key's "
                                "records before it and after it may be on two partitions"})
 
-    _LINES = {"verified": (logging.INFO, "topic keeps what it acknowledges"),
-              "unverified": (logging.WARNING, "topic durability unverified"),
-              "allowed": (logging.WARNING,
-                          "topic may lose acknowledged records, allowed by "
-                          "OUTBOX_ALLOW_UNDURABLE_TOPIC")}
-
     def _say_durability(self, topic: str, state: str, fields: dict[str, Any]) -> None:
         """The state's metric, and its line once (again only if the state changes)."""
         metrics.set_topic_durability(topic, state)
         if self._durability.get(topic) == state:
             return
         self._durability[topic] = state
-        level, event = self._LINES[state]
+        level, event = DURABILITY_LINES[state]
         self._emit(level, event, {"topic": topic, **fields})
 
     def close(self) -> None:
