@@ -292,18 +292,20 @@ def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True,
         fields["batch_size"] = parse_positive_int("--batch-size", batch_size)
     settings = RelaySettings().with_overrides(**fields, security=security,
                                               extra_properties=extra_properties)
-    validate(settings, batch_size_min_set="batch_size_min" in fields)
+    validate(settings, batch_size_min_set="batch_size_min" in fields,
+             batch_size_from="OUTBOX_BATCH_SIZE" if batch_size is None else "--batch-size")
     return settings
 
 
-def validate(settings: RelaySettings, *, batch_size_min_set: bool = False) -> None:
+def validate(settings: RelaySettings, *, batch_size_min_set: bool = False,
+             batch_size_from: str = "OUTBOX_BATCH_SIZE") -> None:
     """Cross-field rules: backoff must be a range, the statistics interval bounded, a smallest
     read set no larger than the largest (each batch size is bounded by its parser,
     parse_positive_int; the default smallest read yields to a smaller OUTBOX_BATCH_SIZE)."""
     if batch_size_min_set and settings.batch_size_min > settings.batch_size:
         raise ConfigError(
             "OUTBOX_BATCH_SIZE_MIN",
-            f"must be at most OUTBOX_BATCH_SIZE ({settings.batch_size}), "
+            f"must be at most {batch_size_from} ({settings.batch_size}), "
             f"got {settings.batch_size_min}",
         )
     if settings.backoff_max < settings.backoff_initial:
