@@ -622,29 +622,15 @@ class StreamLane:
                                read_at=batch.read_at, stop_at_unavailable=True,
                                unsent=batch.unsent, off_allowlist=batch.off_allowlist,
                                cluster_answers=self._producer.cluster_answers)
-        detours = [store.Detour(m.id) if error is None else
-                   store.Detour(m.id, *self._retries.describe_refusal(m, error))
-                   for m, error in reports.detoured]
-        failed = len(detours) - sum(1 for d in detours if d.error is None)
-        deferrals = self._retries.describe_deferrals(reports.deferred, batch.partitions)
-        detours += [store.Detour(m.id, *deferrals[m.id], attempted=False)
-                    for m, _error in reports.deferred]
-        detours += [store.Detour(m.id, why, attempted=False, park=True)
-                    for m, why in reports.off_allowlist]
+        detours = self._detours(reports, batch.partitions)
         recorded = reports.settled
         outcome = BatchOutcome(read=len(batch.read),  # the rows not recorded are read again
                                published=len(reports.delivered),
                                released=len(batch.read) - recorded,
-                               failed=failed, deferred=len(reports.deferred))
+                               failed=sum(1 for _m, error in reports.detoured if error is not None),
+                               deferred=len(reports.deferred))
         if recorded:
-            end = batch.read[recorded - 1].position
-            assert end is not None  # noqa: S101 - a stream row has a position
-            outcome.parked = store.advance(self.using, start=start, end=end,
-                                           published=outcome.published, detours=detours,
-                                           max_attempts=self.max_attempts,
-                                           leader_pid=self._leadership.leader_pid)
-            outcome.off_allowlist = {uuid.UUID(m.id): m.topic for m, _why in reports.off_allowlist
-                                     if uuid.UUID(m.id) in outcome.parked}
+            self._advance(batch, start, reports, detours, outcome)
             if detoured_keys is not None and detours:
                 detoured_keys.update(m.key for m, _error in reports.detoured)
                 detoured_keys.update(m.key for m, _error in reports.deferred)
@@ -657,6 +643,33 @@ class StreamLane:
         self._producer.batch_recorded(published=outcome.published, released=outcome.released,
                                       first_unavailable=reports.first_unavailable)
         return self._tally.account(outcome, lane="stream", max_attempts=self.max_attempts)
+
+    def _detours(self, reports: Reports, partitions: dict[str, int]) -> list[store.Detour]:
+        """The rows that leave the stream: held or refused (an attempt counted, the refusal's
+        retry delay), deferred (their partition's retry delay, no attempt), off the allowlist
+        (parked at once)."""
+        detours = [store.Detour(m.id) if error is None else
+                   store.Detour(m.id, *self._retries.describe_refusal(m, error))
+                   for m, error in reports.detoured]
+        deferrals = self._retries.describe_deferrals(reports.deferred, partitions)
+        detours += [store.Detour(m.id, *deferrals[m.id], attempted=False)
+                    for m, _error in reports.deferred]
+        detours += [store.Detour(m.id, why, attempted=False, park=True)
+                    for m, why in reports.off_allowlist]
+        return detours
+
+    def _advance(self, batch: Batch, start: Position, reports: Reports,
+                 detours: list[store.Detour], outcome: BatchOutcome) -> None:
+        """Move the position past the rows accounted for (store.advance): the batch recorded,
+        its detours in the slow lane; the rows parked go into `outcome`."""
+        end = batch.read[reports.settled - 1].position
+        assert end is not None  # noqa: S101 - a stream row has a position
+        outcome.parked = store.advance(self.using, start=start, end=end,
+                                       published=outcome.published, detours=detours,
+                                       max_attempts=self.max_attempts,
+                                       leader_pid=self._leadership.leader_pid)
+        outcome.off_allowlist = {uuid.UUID(m.id): m.topic for m, _why in reports.off_allowlist
+                                 if uuid.UUID(m.id) in outcome.parked}
 
 
 # --- the slow lane --------------------------------------------------------------------------------

@@ -232,8 +232,6 @@ class Wakeup:
 
 # --- the relay -------------------------------------------------------------------------------------
 
-__all__ = ["BatchOutcome", "Relay", "RelayStats"]
-
 logger = logging.getLogger("outbox.relay")
 
 PRUNE_CHUNK = 5_000

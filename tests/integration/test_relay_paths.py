@@ -22,8 +22,8 @@ from django.db import connection, connections
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from outbox import store
-from outbox.lanes import StreamReader
-from outbox.relay import Relay, RelayStats
+from outbox.lanes import RelayStats, StreamReader
+from outbox.relay import Relay
 from reminders import events
 from tests.conftest import test_database_url
 from tests.integration.test_relay_failures import fix_payload
