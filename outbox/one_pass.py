@@ -89,41 +89,51 @@ def pass_failure(stats: RelayStats, backlog: Backlog, *, stopped: bool, stood_by
     """The first of (FAILED unless said): rows released, failed, deferred or parked (a row
     whose topic is not on OUTBOX_TOPICS is parked without a failed delivery: REFUSED when
     nothing else went wrong, a person re-queues it); the stream held back past the bound; a
-    pass that stood by while rows waited past its bound (`stood_by_too_long`, stood_by_while_rows_waited;
-    `holder`: the session holding the relays' lock, if still held: REFUSED, a person ends that
-    session); a broker that did not answer (UNAVAILABLE). None when none of these, or when the
-    pass was stopped by a signal (the rest waits)."""
+    pass that stood by while rows waited past its bound (`stood_by_too_long`,
+    stood_by_while_rows_waited; `holder`: the session holding the relays' lock, if still held:
+    REFUSED, a person ends that session); a broker that did not answer (UNAVAILABLE). None when
+    none of these, or when the pass was stopped by a signal (the rest waits)."""
     if stopped:
         return None
     if stats.released or stats.failed or stats.deferred or stats.parked:
-        again = bool(stats.released or stats.failed or stats.deferred)
-        return PassFailure(
-            f"not everything was delivered: {stats.released} released (broker unavailable), "
-            f"{stats.failed} failed, {stats.parked} parked"
-            + (f", {stats.deferred} deferred (a partition unavailable)" if stats.deferred
-               else "")
-            + ("; run again" if again
-               else ": a parked message waits for an operator (manage.py requeue_outbox)"),
-            ExitCode.FAILED if again else ExitCode.REFUSED)
+        return _not_delivered(stats)
     if stats.held_for_s:
         return PassFailure(
             f"{backlog.unpublished} message(s) still unpublished: the stream is held back by "
             f"a transaction open on the database server for {stats.held_for_s:.0f}s or more "
             f"({BACKLOG_RUNBOOK}, \"The stream is held back\"); run again", ExitCode.FAILED)
     if stood_by_too_long:
-        return PassFailure(
-            f"{backlog.unpublished} message(s) waiting, the oldest for "
-            f"{backlog.oldest_age_s or 0:.0f}s, while another session holds the relays' "
-            "lock and publishes none of them: "
-            + (f"it is {holder}; if that is no working relay (a pooled server connection "
-               "keeps a lock taken through a pooler by transaction), end it with "
-               f"pg_terminate_backend({holder.pid})" if holder is not None
-               else "it released the lock since")
-            + f" ({BACKLOG_RUNBOOK}, \"Another session holds the relays' lock\"); run again",
-            ExitCode.FAILED if holder is None else ExitCode.REFUSED)
+        return _stood_by(backlog, holder)
     if not stats.broker_answered:
         return PassFailure("the broker did not answer within OUTBOX_DELIVERY_TIMEOUT "
                            f"({delivery_timeout.total_seconds():.0f}s): check "
                            "KAFKA_BOOTSTRAP_SERVERS and that Kafka is up; run again",
                            ExitCode.UNAVAILABLE)
     return None
+
+
+def _not_delivered(stats: RelayStats) -> PassFailure:
+    """Rows released, failed, deferred (run again: FAILED) or only parked (REFUSED)."""
+    again = bool(stats.released or stats.failed or stats.deferred)
+    return PassFailure(
+        f"not everything was delivered: {stats.released} released (broker unavailable), "
+        f"{stats.failed} failed, {stats.parked} parked"
+        + (f", {stats.deferred} deferred (a partition unavailable)" if stats.deferred else "")
+        + ("; run again" if again
+           else ": a parked message waits for an operator (manage.py requeue_outbox)"),
+        ExitCode.FAILED if again else ExitCode.REFUSED)
+
+
+def _stood_by(backlog: Backlog, holder: LockHolder | None) -> PassFailure:
+    """Rows waited past the bound while another session held the relays' lock: REFUSED while
+    it still holds it (named, with how to end it), FAILED once it let go."""
+    return PassFailure(
+        f"{backlog.unpublished} message(s) waiting, the oldest for "
+        f"{backlog.oldest_age_s or 0:.0f}s, while another session holds the relays' "
+        "lock and publishes none of them: "
+        + (f"it is {holder}; if that is no working relay (a pooled server connection "
+           "keeps a lock taken through a pooler by transaction), end it with "
+           f"pg_terminate_backend({holder.pid})" if holder is not None
+           else "it released the lock since")
+        + f" ({BACKLOG_RUNBOOK}, \"Another session holds the relays' lock\"); run again",
+        ExitCode.FAILED if holder is None else ExitCode.REFUSED)

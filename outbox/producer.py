@@ -525,10 +525,8 @@ class PatientRoute:
             return
         if batch.patient:
             self._take_reports(batch, reports.settled if stream else None)
-        by_key = {m.key: m for m in batch.read} if batch.errors else {}
-        for key, error in batch.errors.items():
-            if key not in batch.unsent and key not in batch.patient and possibly_appended(error):
-                patient.possibly_appended.add(by_key[key].id)
+        if batch.errors:
+            self._mark_possibly_appended(batch)
         if not reports.delivered:
             return
         if patient.possibly_appended:
@@ -536,6 +534,13 @@ class PatientRoute:
         for message, error in reports.deferred:
             if local_timeout(error) and message.key not in batch.unsent:
                 self.topics.partition_slow(message.topic, batch.partitions.get(message.key, -1))
+
+    def _mark_possibly_appended(self, batch: Batch) -> None:
+        """The rows the relay's producer sent and gave up on while they may have been sent."""
+        by_key = {m.key: m for m in batch.read}
+        for key, error in batch.errors.items():
+            if key not in batch.unsent and key not in batch.patient and possibly_appended(error):
+                self.patient.possibly_appended.add(by_key[key].id)
 
     def _take_reports(self, batch: Batch, settled: int | None) -> None:
         """A stream batch (rows up to `settled` recorded): a recorded row's report is taken
