@@ -19,10 +19,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from confluent_kafka.admin import ClusterMetadata
 
 from outbox.config import RelaySettings
-from outbox.kafka import client_config
-from outbox.kafka_errors import not_authorized, principal, refused
-from outbox.kafka_log import LibrdkafkaLog
-from outbox.redaction import redact, secrets
+from outbox.kafka import LibrdkafkaLog, client_config, not_authorized, principal, redact, refused, secrets
 
 # The reader's throwaway group ids start with this: librdkafka looks up the coordinator of its
 # group (FindCoordinator, Describe on the group), though it joins none and commits nothing.

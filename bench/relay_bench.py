@@ -17,7 +17,7 @@ statements alone (the stream's read and the position's move, no Kafka), the data
 apart.
 
 A batch size is `default` (the relay's own settings: no OUTBOX_BATCH_SIZE; reads start small
-and grow, outbox.read_size), `N` (OUTBOX_BATCH_SIZE=N: reads grow up to N) or `N-fixed` (every
+and grow, outbox.lanes), `N` (OUTBOX_BATCH_SIZE=N: reads grow up to N) or `N-fixed` (every
 read N rows: OUTBOX_BATCH_SIZE_MIN=N too, as the relay read before its reads grew).
 bench/relay_config.py reads them; bench/outbox_rows.py writes the rows.
 
@@ -226,13 +226,13 @@ def measure_db_floor(messages: list[BenchMessage], batch: BatchSpec,
     transaction a batch), no Kafka at all."""
 
     from outbox import store
-    from outbox.reader import StreamReader
+    from outbox.lanes import ReadSize, StreamReader
 
     _fresh_outbox(messages, "bench.db-floor", using)
     settings = batch.settings()
     store.relax_commit_durability(using)  # as the relay's session does
     # As the relay reads: its own session, one ahead, its read sizes.
-    reader = StreamReader(using, settings.batch_size, size=settings.read_size())
+    reader = StreamReader(using, ReadSize.of(settings))
     leader_pid = store.try_to_lead(using)  # advance moves the position only for the leader
     assert leader_pid is not None, "a relay is leading on the benchmark's database"  # noqa: S101
     after = store.read_position(using)

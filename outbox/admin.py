@@ -1,13 +1,20 @@
 """The outbox in the admin: browse messages read-only; the one write is re-queueing parked
 messages, for holders of `outbox.requeue_outboxmessage`, each recorded in the admin log.
 
+The re-queue is the operator's one write, the admin's action and manage.py requeue_outbox's
+alike (`requeue_preview`, `requeue`): a preview of what would go back, and the re-queue,
+which says what it did in one log line (logger `outbox.requeue`: counts and message ids, never a
+payload or a key) and counts it in `profile_outbox_requeued_total{via}`.
+
 Re-queue clears `parked_at` and resets `attempts` to 0 so the relay tries again with its
 full budget; `last_error` is kept as the record of why it was parked until the relay
 overwrites it.
 """
 
 import json
+import logging
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, cast
 
@@ -29,9 +36,12 @@ from core.admin import (
     exact_uuid_filter,
     short_id,
 )
-from outbox import requeue
+from core.logs import log_event
+from outbox import metrics
 from outbox import store as outbox_store
 from outbox.models import OutboxMessage, OutboxMessageQuerySet
+
+logger = logging.getLogger("outbox.requeue")
 
 REQUEUE_PERMISSION = "outbox.requeue_outboxmessage"
 # Whoever lacks it sees the payloads with the documents' number masks redacted.
@@ -41,6 +51,27 @@ MASK_KEYS = frozenset({"numberMask"})
 MASK_REDACTED = "(hidden: needs outbox.view_number_masks)"
 ERROR_PREVIEW_CHARS = 60
 CHANGELIST = "admin:outbox_outboxmessage_changelist"
+# The re-queue's log line.
+REQUEUED = "outbox messages requeued"
+
+
+def requeue_preview(using: str, ids: Sequence[uuid.UUID] | None) -> list[outbox_store.ParkedRow]:
+    """The parked rows a re-queue of `ids` (None: all) would make deliverable again, oldest
+    parked first; changes nothing."""
+    return outbox_store.requeue_preview(using, ids)
+
+
+def requeue(using: str, ids: Sequence[uuid.UUID] | None, *, via: str) -> list[uuid.UUID]:
+    """Make the parked rows among `ids` (None: all) deliverable again with fresh attempts; the
+    ids re-queued. Logged and counted, also when nothing was parked."""
+    requeued = outbox_store.requeue_parked(using, ids)
+    metrics.install_requeue_metrics()
+    metrics.record_requeued(len(requeued), via)
+    not_parked = [] if ids is None else sorted(set(ids) - set(requeued))
+    log_event(logger, logging.INFO, REQUEUED, via=via, selected="all" if ids is None else "ids",
+              requeued=len(requeued), ids=sorted(str(i) for i in requeued),
+              not_parked=len(not_parked), not_parked_ids=[str(i) for i in not_parked])
+    return requeued
 
 
 def backlog_card() -> OverviewCard:
@@ -201,7 +232,7 @@ class OutboxMessageAdmin(ReadOnlyAdmin):
                           .order_by("created_at").select_for_update())
             # The relay's own re-queue: attempts and the retry delay reset, the row goes out at
             # once; logged and counted as the command's.
-            requeue.requeue(queryset.db, [m.pk for m in parked], via="admin")
+            requeue(queryset.db, [m.pk for m in parked], via="admin")
             for message in parked:
                 self.log_change(request, message, (
                     f"Re-queued: parked_at cleared (was {message.parked_at:%Y-%m-%d %H:%M:%S} UTC) "

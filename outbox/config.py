@@ -5,7 +5,7 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -22,7 +22,6 @@ from core.config import (
     parse_flag,
     parse_positive_int,
 )
-from outbox.read_size import MIN_READ_ROWS, ReadSize
 
 BOOTSTRAP_VAR = "KAFKA_BOOTSTRAP_SERVERS"
 PROPERTIES_VAR = "KAFKA_PRODUCER_CONFIG"
@@ -38,6 +37,15 @@ SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 # PLAIN over SASL_PLAINTEXT sends the password as it is: refused unless this names PLAIN, and
 # then only for brokers on loopback addresses (docs/operations.md, "Security").
 PLAIN_CLEARTEXT_ALLOW_VAR = "KAFKA_SASL_PLAINTEXT_ALLOW"
+
+# The relay's clock (monotonic seconds) and its log (level, event, fields: the relay's log_event
+# with its relay id), as every part of the relay is given them.
+Clock = Callable[[], float]
+Emit = Callable[[int, str, dict[str, Any]], None]
+
+# The stream's smallest read, and its first (OUTBOX_BATCH_SIZE_MIN's default; a smaller
+# OUTBOX_BATCH_SIZE is the only size: outbox.lanes.ReadSize).
+MIN_READ_ROWS = 100
 
 # A librdkafka property value, as KAFKA_PRODUCER_CONFIG may give it.
 Scalar = str | int | float | bool
@@ -83,7 +91,7 @@ class RelaySettings(Settings):
 
     bootstrap_servers: str = ""
     # The most rows a batch reads; the stream's reads start at `batch_size_min` (or at
-    # `batch_size`, if it is smaller) and grow while a backlog drains (outbox.read_size).
+    # `batch_size`, if it is smaller) and grow while a backlog drains (outbox.lanes).
     batch_size: int = 5000
     batch_size_min: int = MIN_READ_ROWS
     poll_interval: timedelta = timedelta(seconds=2)
@@ -94,24 +102,20 @@ class RelaySettings(Settings):
     backoff_initial: timedelta = timedelta(seconds=1)
     backoff_max: timedelta = timedelta(minutes=1)
     linger: timedelta = timedelta(milliseconds=5)
-    # A Kafka outage is logged once, then summarised once per this interval (outbox.outage).
+    # A Kafka outage is logged once, then summarised once per this interval (outbox.kafka).
     outage_log_interval: timedelta = timedelta(seconds=60)
     # librdkafka's statistics (round-trip times, queue) every this often, for the metrics.
     statistics_interval: timedelta = timedelta(seconds=15)
     security: KafkaSecurity = KafkaSecurity()
     # Further librdkafka properties from KAFKA_PRODUCER_CONFIG; outbox.kafka refuses the guarded.
     extra_properties: tuple[tuple[str, Scalar], ...] = ()
-    # Publish to a topic that may lose what it acknowledged (outbox.topic): a single-broker
+    # Publish to a topic that may lose what it acknowledged (outbox.topic_watch): a single-broker
     # development setup only.
     allow_undurable_topic: bool = False
     # The only topics the relay publishes to (OUTBOX_TOPICS): a row naming another is parked,
     # never sent (docs/operations.md, "Security").
     topics: frozenset[str] = frozenset({CONTRACT_TOPIC})
 
-    def read_size(self) -> ReadSize:
-        """The stream's read size for these settings: from `batch_size_min` (at most
-        `batch_size`) up to `batch_size`."""
-        return ReadSize.up_to(self.batch_size, floor=self.batch_size_min)
 
 
 def parse_bootstrap(name: str, raw: str) -> str:
@@ -267,8 +271,10 @@ def parse_properties(name: str, raw: str) -> tuple[tuple[str, Scalar], ...]:
     return tuple(sorted(parsed.items()))
 
 
-def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True) -> RelaySettings:
-    """Read KAFKA_* and OUTBOX_* from `environ`; defaults for what is unset."""
+def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True,
+                        batch_size: str | None = None) -> RelaySettings:
+    """Read KAFKA_* and OUTBOX_* from `environ`; defaults for what is unset. `batch_size`
+    (publish_outbox --batch-size) stands for OUTBOX_BATCH_SIZE, checked with the rest."""
     env = Environment(environ)
     for name, why in DEPRECATED_VARIABLES.items():
         if env.raw(name) is not None:
@@ -278,24 +284,28 @@ def load_relay_settings(environ: Mapping[str, str], *, need_kafka: bool = True) 
     if need_kafka and env.raw(BOOTSTRAP_VAR) is None:
         raise ConfigError(BOOTSTRAP_VAR, "not set; expected host:port[,host:port...]")
     raw_properties = env.raw(PROPERTIES_VAR)
-    settings = RelaySettings().with_overrides(
-        **env.fields(VARIABLES),
-        security=load_security(environ),
-        extra_properties=() if raw_properties is None
-        else parse_properties(PROPERTIES_VAR, raw_properties),
-    )
-    validate(settings, batch_size_min_set=env.raw("OUTBOX_BATCH_SIZE_MIN") is not None)
+    fields = env.fields(VARIABLES)
+    security = load_security(environ)
+    extra_properties = (() if raw_properties is None
+                        else parse_properties(PROPERTIES_VAR, raw_properties))
+    if batch_size is not None:
+        fields["batch_size"] = parse_positive_int("--batch-size", batch_size)
+    settings = RelaySettings().with_overrides(**fields, security=security,
+                                              extra_properties=extra_properties)
+    validate(settings, batch_size_min_set="batch_size_min" in fields,
+             batch_size_from="OUTBOX_BATCH_SIZE" if batch_size is None else "--batch-size")
     return settings
 
 
-def validate(settings: RelaySettings, *, batch_size_min_set: bool = False) -> None:
+def validate(settings: RelaySettings, *, batch_size_min_set: bool = False,
+             batch_size_from: str = "OUTBOX_BATCH_SIZE") -> None:
     """Cross-field rules: backoff must be a range, the statistics interval bounded, a smallest
     read set no larger than the largest (each batch size is bounded by its parser,
     parse_positive_int; the default smallest read yields to a smaller OUTBOX_BATCH_SIZE)."""
     if batch_size_min_set and settings.batch_size_min > settings.batch_size:
         raise ConfigError(
             "OUTBOX_BATCH_SIZE_MIN",
-            f"must be at most OUTBOX_BATCH_SIZE ({settings.batch_size}), "
+            f"must be at most {batch_size_from} ({settings.batch_size}), "
             f"got {settings.batch_size_min}",
         )
     if settings.backoff_max < settings.backoff_initial:

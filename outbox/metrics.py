@@ -7,18 +7,65 @@ backlog gauges through core.gauges (apps.py), so any process that serves metrics
 the reminder worker does, so the backlog stays visible while the relay is down. The relay's own
 metrics are in no registry until the relay installs them (`install_relay_metrics`): a worker,
 which never relays, does not export them stuck at 0.
+
+librdkafka's statistics (`statistics.interval.ms`, a JSON document per interval) are reduced
+here to what an operator watches (`parse_statistics`): whether a broker is up, each broker's
+round-trip time, and the producer's outbound queue. Reference: librdkafka's STATISTICS.md.
 """
 
+import json
 from bisect import bisect_left
 from collections import Counter as Tally
 from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
 
 from core.gauges import DatabaseGauges
 from core.metrics import MetricSet
 from outbox import store
-from outbox.statistics import ProducerStatistics
+
+# --- librdkafka's statistics, as the metrics read them ------------------------------------------
+
+# librdkafka reports times in microseconds.
+US_PER_S = 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerStatistics:
+    """One statistics document, as the metrics read it."""
+
+    queue_messages: int = 0  # msg_cnt: produced, not yet acknowledged or failed
+    queue_bytes: int = 0  # msg_size
+    any_broker_up: bool = False
+    # host:port of each broker that is up -> its round-trip time in seconds (p99 of the
+    # interval), None when it answered no request in the interval; bootstrap entries (node id
+    # -1) are not brokers yet.
+    rtt_s: dict[str, float | None] = field(default_factory=dict)
+
+
+def parse_statistics(text: str) -> ProducerStatistics:
+    """The fields the relay exports; a field librdkafka left out counts as absent or zero."""
+    document: dict[str, Any] = json.loads(text)
+    brokers: dict[str, dict[str, Any]] = document.get("brokers") or {}
+    rtt_s: dict[str, float | None] = {}
+    for name, broker in brokers.items():
+        if int(broker.get("nodeid", -1)) < 0 or broker.get("state") != "UP":
+            continue
+        rtt = broker.get("rtt") or {}
+        answered = int(rtt.get("cnt", 0)) > 0
+        rtt_s[str(broker.get("nodename") or name)] = (float(rtt.get("p99", 0)) / US_PER_S
+                                                       if answered else None)
+    return ProducerStatistics(
+        queue_messages=int(document.get("msg_cnt", 0)),
+        queue_bytes=int(document.get("msg_size", 0)),
+        any_broker_up=any(b.get("state") == "UP" for b in brokers.values()),
+        rtt_s=rtt_s,
+    )
+
+
+# --- the metrics ------------------------------------------------------------------------------------
 
 UNPUBLISHED = "profile_outbox_unpublished_messages"
 OLDEST_AGE = "profile_outbox_oldest_unpublished_age_seconds"
@@ -201,7 +248,7 @@ def record_deferred(topic: str, partition: int, n: int) -> None:
 
 def set_partition_available(topic: str, partition: int) -> None:
     PARTITION_UNAVAILABLE.labels(topic=topic, partition=str(partition)).set(0)
-# --- the topics the relay publishes to (outbox.topic) ----------------------------------------
+# --- the topics the relay publishes to (outbox.topic_watch) ----------------------------------------
 
 TOPIC_PARTITIONS = Gauge(
     "profile_outbox_topic_partitions",

@@ -104,7 +104,7 @@ class OutboxMessage(models.Model):
 
 class OutboxTopic(models.Model):
     """A topic the relay publishes to, with its partition count as the relay last saw it, and
-    when one found it changed (outbox/topic.py; migration 0011_topic_partitions). Written by the
+    when one found it changed (outbox/topic_watch.py; migration 0011_topic_partitions). Written by the
     relay's named query record_topic_partitions only."""
 
     topic = models.CharField(max_length=249, primary_key=True)

@@ -2,8 +2,8 @@
 
 from django.db import migrations, models
 
-# One notification per inserting statement wakes the relays (outbox.wakeup); the channel name
-# is the one outbox.wakeup listens on (query listen_for_new_rows). Polling covers a missed notification.
+# One notification per inserting statement wakes the relays (outbox.relay); the channel name
+# is the one outbox.relay listens on (query listen_for_new_rows). Polling covers a missed notification.
 NOTIFY_SQL = """
 create or replace function outbox_messages_notify() returns trigger
     language plpgsql as $$

@@ -38,7 +38,7 @@ where (m.txid, m.seq) > (%(after_txid)s::xid8, %(after_seq)s::bigint)
 order by m.txid, m.seq
 limit %(batch_size)s;
 
--- stream_reader_session: the reader's session (outbox/reader.py) reads the stream in index order,
+-- stream_reader_session: the reader's session (outbox/lanes.py) reads the stream in index order,
 -- never by sorting every row ahead: the planner cannot know how many rows lie after the position
 -- (right after a bulk insert its estimate is a third of them), and would compute and sort them all
 -- for each batch
@@ -241,7 +241,7 @@ where b.published_at < now() - %(retention)s::interval
       where (m.txid, m.seq) <= (b.upto_txid, b.upto_seq)
         and m.detoured_at is null);
 
--- record_topic_partitions: a topic's partition count as the relay sees it now (outbox/topic.py,
+-- record_topic_partitions: a topic's partition count as the relay sees it now (outbox/topic_watch.py,
 -- migration 0011_topic_partitions): the count recorded before if it differed (null if it was the
 -- same, or none was recorded), and when a relay last found it changed (seconds since the epoch,
 -- null if never)

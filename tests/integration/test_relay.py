@@ -18,8 +18,7 @@ from core.roles import WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.read_topic import read_topic
 from outbox import store
-from outbox.relay import Relay
-from outbox.wakeup import Wakeup
+from outbox.relay import Relay, Wakeup
 from reminders import events
 from tests.conftest import CycleRunner, test_database_url
 from tests.support import chaos_report

@@ -13,7 +13,7 @@ from prometheus_client import REGISTRY
 
 from devtools.mock_kafka import MockKafkaCluster
 from outbox import metrics
-from outbox.outage import FAILING, RESTORED, STILL_FAILING
+from outbox.kafka import FAILING, RESTORED, STILL_FAILING
 from outbox.relay import Relay
 from tests.support.ledger import database_now
 from tests.support.relay_support import (

@@ -21,7 +21,7 @@ from django.db import connection
 
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.read_topic import read_topic
-from outbox.topic import TopicWatch
+from outbox.topic_watch import TopicWatch
 from tests.support.mock_controls import set_partition_leader
 from tests.support.partitioner import keys_on, partition_of
 from tests.support.relay_support import (
@@ -164,15 +164,15 @@ def rows_on(*partitions: int) -> list[Any]:
 @pytest.fixture
 def watched(db: None) -> Iterator[tuple[TopicWatch, Admin, list[float], list[tuple[str, int]]]]:
     admin, now, ready = Admin(dict.fromkeys(range(PARTITIONS), HEALTHY)), [0.0], []
-    watch = TopicWatch(relay_settings("127.0.0.1:9", allow_undurable_topic=False), "default",
-                       client_id="relay-t", emit=lambda *_: None, admin=lambda: admin,
-                       look_again_s=30, look_unready_s=5, clock=lambda: now[0])
 
     def on_ready(topic: str, partition: int) -> bool:
         ready.append((topic, partition))
         return True
 
-    watch.on_ready = on_ready
+    watch = TopicWatch(relay_settings("127.0.0.1:9", allow_undurable_topic=False), "default",
+                       client_id="relay-t", emit=lambda *_: None, admin=lambda: admin,
+                       look_again_s=30, look_unready_s=5, clock=lambda: now[0],
+                       on_ready=on_ready)
     with as_relay():
         yield watch, admin, now, ready
 

@@ -22,7 +22,7 @@ from core.logs import _FIELDS
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.read_topic import read_topic
 from outbox import metrics
-from outbox.outage import PARTITION_FAILING, PARTITION_RESTORED
+from outbox.kafka import PARTITION_FAILING, PARTITION_RESTORED
 from outbox.producer import RelayProducer
 from outbox.relay import Relay
 from tests.integration.test_relay_paths import (

@@ -22,8 +22,8 @@ from django.db import connection, connections
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.read_topic import read_topic
 from outbox import store
-from outbox.reader import StreamReader
-from outbox.relay import Relay, RelayStats
+from outbox.lanes import RelayStats, StreamReader
+from outbox.relay import Relay
 from reminders import events
 from tests.conftest import test_database_url
 from tests.integration.test_relay_failures import fix_payload
@@ -511,7 +511,7 @@ def test_a_due_slow_lane_row_goes_out_before_a_long_stream_backlog_is_done(
     transactional_db: None, kafka: MockKafkaCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     per_call = 3
-    monkeypatch.setattr("outbox.stream.STREAM_BATCHES_PER_CALL", per_call)
+    monkeypatch.setattr("outbox.lanes.STREAM_BATCHES_PER_CALL", per_call)
     slow = insert_outbox("slow", created_at=BASE_TIME, parked_at=BASE_TIME)
     backlog = [insert_outbox(f"stream-{n}", created_at=BASE_TIME) for n in range(12)]
     seen: list[tuple[bool, int]] = []  # after each batch: slow row published, stream rows left

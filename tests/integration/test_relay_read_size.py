@@ -1,4 +1,4 @@
-"""The stream's read size on real PostgreSQL (outbox.read_size): a backlog drains in growing
+"""The stream's read size on real PostgreSQL (outbox.lanes): a backlog drains in growing
 reads up to OUTBOX_BATCH_SIZE, and a stream that is caught up reads small again; the relay's
 batches follow the reads, every row delivered once, in order."""
 
@@ -8,8 +8,8 @@ from bench.outbox_rows import bench_messages, load_outbox
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.read_topic import read_topic
 from outbox import store
-from outbox.read_size import MIN_READ_ROWS
-from outbox.reader import StreamReader
+from outbox.config import MIN_READ_ROWS
+from outbox.lanes import ReadSize, StreamReader
 from outbox.relay import Relay
 from tests.support.relay_support import TOPIC, as_relay, relay_settings
 
@@ -32,7 +32,7 @@ def test_a_backlog_is_read_in_growing_reads_and_a_caught_up_stream_in_small_ones
     transactional_db: None,
 ) -> None:
     load_outbox(bench_messages(3_000), TOPIC)
-    reader = StreamReader("default", 1_000)
+    reader = StreamReader("default", ReadSize.up_to(1_000))
     try:
         reads, after = drain(reader, store.read_position("default"))
         assert reads == [(100, 100), (200, 200), (400, 400), (800, 800), (1_000, 1_000),

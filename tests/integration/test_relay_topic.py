@@ -1,4 +1,4 @@
-"""A topic that keeps what it acknowledged (outbox/topic.py; docs/outbox-relay.md, "A topic that
+"""A topic that keeps what it acknowledged (outbox/topic_watch.py; docs/outbox-relay.md, "A topic that
 keeps what it acknowledged"): the relay reads the topic's configuration and refuses one that may
 lose acknowledged records, says so when it cannot read it, records the partition count and
 says so loudly when it changes; and its producer partitions keys as the Java client does.
@@ -30,7 +30,7 @@ from devtools.mock_kafka import MockKafkaCluster
 from devtools.read_topic import read_topic
 from outbox import metrics, store
 from outbox.relay import Relay
-from outbox.topic import TopicWatch, UndurableTopicError
+from outbox.topic_watch import TopicWatch, UndurableTopicError
 from tests.acceptance.test_relay_process import relay_env, run_relay
 from tests.support.partitioner import murmur2, partition_of
 from tests.support.relay_support import (

@@ -18,7 +18,7 @@ from django.urls import reverse
 from prometheus_client import REGISTRY
 
 from outbox import metrics
-from outbox.requeue import REQUEUED
+from outbox.admin import REQUEUED
 from tests.support.admin_data import staff_viewer
 from tests.support.relay_support import BASE_TIME, Row, as_relay, insert_outbox, outbox_state
 

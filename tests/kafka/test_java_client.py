@@ -52,7 +52,7 @@ def test_the_java_producer_puts_every_owner_on_the_partition_the_relay_chose(
     elsewhere = sorted(o for o in owners if by_relay[o] != by_java[o])
     assert not elsewhere, f"{len(elsewhere)} of {OWNERS} owners on another partition, e.g. " \
                           f"{elsewhere[0]}: relay {by_relay[elsewhere[0]]}, Java {by_java[elsewhere[0]]}"
-    # outbox.partitioning's own murmur2 (the relay defers rows by it) is the Java client's too.
+    # outbox.topic_watch's own murmur2 (the relay defers rows by it) is the Java client's too.
     assert by_java == {o: partition_of(o, PARTITIONS) for o in owners}
     assert set(by_java.values()) == set(range(PARTITIONS))
 

@@ -1,8 +1,8 @@
-"""Where the relay's producer puts a key (outbox.partitioning: librdkafka's `murmur2_random`,
+"""Where the relay's producer puts a key (outbox.topic_watch: librdkafka's `murmur2_random`,
 the Java client's partitioner, checked against the Java client's own values in
 tests/unit/test_partitioning.py), and keys a test can place on the partition it wants."""
 
-from outbox.partitioning import murmur2, partition_of
+from outbox.topic_watch import murmur2, partition_of
 
 __all__ = ["keys_on", "keys_on_every_partition", "murmur2", "partition_of"]
 

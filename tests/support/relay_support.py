@@ -20,9 +20,8 @@ from devtools.mock_kafka import MockKafkaCluster
 from devtools.read_topic import Record
 from outbox import store
 from outbox.config import RelaySettings
-from outbox.reader import StreamReader
-from outbox.relay import Relay
-from outbox.wakeup import Wakeup
+from outbox.lanes import ReadSize, StreamReader
+from outbox.relay import Relay, Wakeup
 from reminders import events
 from tests.conftest import test_database_url
 from tests.support.contract import assert_event_valid
@@ -61,7 +60,7 @@ def relay_settings(bootstrap: str, **overrides: Any) -> RelaySettings:
 def read_stream(*, batch_size: int, after: store.Position) -> list[store.ReadMessage]:
     """The stream's rows after `after` as the relay's reader reads them (on its own session,
     in the role of this thread's connection); nothing is written."""
-    reader = StreamReader("default", batch_size)
+    reader = StreamReader("default", ReadSize.up_to(batch_size))
     try:
         return reader.read(after).messages
     finally:

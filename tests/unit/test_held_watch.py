@@ -1,10 +1,10 @@
-"""HeldWatch (outbox/held.py) on a clock the test moves: a held stream is said once it lasts
+"""HeldWatch (outbox/lanes.py) on a clock the test moves: a held stream is said once it lasts
 `warn_after_s`, once only, and its end once, only if it was said."""
 
 import logging
 from typing import Any
 
-from outbox.held import HELD, MOVING, HeldWatch
+from outbox.lanes import HELD, MOVING, HeldWatch
 
 
 class Watch:

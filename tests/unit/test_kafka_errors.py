@@ -11,9 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from core.supervise import backoff_delay
-from outbox import kafka_errors, kafka_log
+from outbox import kafka
 from outbox.config import load_relay_settings
-from outbox.kafka_errors import broker_unavailable
+from outbox.kafka import broker_unavailable
 
 
 @pytest.mark.parametrize(
@@ -55,16 +55,16 @@ def test_backoff_doubles_from_the_initial_delay_up_to_the_cap_with_jitter(
     assert ceiling / 2 <= delay <= ceiling
 
 def test_refusals_are_told_apart_from_an_unavailable_broker() -> None:
-    assert kafka_errors.refused(KafkaError(KafkaError._AUTHENTICATION))
-    assert kafka_errors.refused(KafkaError(KafkaError._SSL))
-    assert kafka_errors.refused(KafkaError(KafkaError.SASL_AUTHENTICATION_FAILED))
-    assert not kafka_errors.refused(KafkaError(KafkaError._TRANSPORT, "Connect failed: refused"))
-    assert kafka_errors.refused(KafkaError(KafkaError._TRANSPORT, (
+    assert kafka.refused(KafkaError(KafkaError._AUTHENTICATION))
+    assert kafka.refused(KafkaError(KafkaError._SSL))
+    assert kafka.refused(KafkaError(KafkaError.SASL_AUTHENTICATION_FAILED))
+    assert not kafka.refused(KafkaError(KafkaError._TRANSPORT, "Connect failed: refused"))
+    assert kafka.refused(KafkaError(KafkaError._TRANSPORT, (
         "ssl://b:9093/bootstrap: Receive failed: error:0A00045C:SSL routines::tlsv13 alert "
         "certificate required: SSL alert number 116")))
-    assert not kafka_errors.refused(KafkaError(KafkaError._ALL_BROKERS_DOWN))
+    assert not kafka.refused(KafkaError(KafkaError._ALL_BROKERS_DOWN))
     # This side's verification of the broker, reported as a transport error ahead of _SSL.
-    assert kafka_errors.refused(KafkaError(KafkaError._TRANSPORT, (
+    assert kafka.refused(KafkaError(KafkaError._TRANSPORT, (
         "ssl://127.0.0.1:24528/bootstrap: error:0A000086:SSL routines::certificate verify"
         " failed")))
 
@@ -75,27 +75,27 @@ def test_a_principal_that_may_not_produce_is_a_refusal_naming_its_acls() -> None
     cluster = KafkaError(KafkaError.CLUSTER_AUTHORIZATION_FAILED, "Failed to acquire "
                          "idempotence PID from broker b/1: Broker: Cluster authorization failed",
                          fatal=True)
-    assert kafka_errors.refused(cluster)
-    assert not kafka_errors.refused(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
-    assert kafka_errors.not_authorized(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED))
+    assert kafka.refused(cluster)
+    assert not kafka.refused(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED))
+    assert kafka.not_authorized(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED))
     settings = load_relay_settings({
         "KAFKA_BOOTSTRAP_SERVERS": "b:9096", "KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
         "KAFKA_SASL_MECHANISM": "SCRAM-SHA-512", "KAFKA_SASL_USERNAME": "pin_outbox_relay",
         "KAFKA_SASL_PASSWORD": "s3cret"})
 
-    line = str(kafka_errors.refusal(cluster, settings))
+    line = str(kafka.refusal(cluster, settings))
 
     assert line == (
         "kafka refused the relay (SASL_SSL SCRAM-SHA-512): CLUSTER_AUTHORIZATION_FAILED: Failed "
         "to acquire idempotence PID from broker b/1: Broker: Cluster authorization failed; check "
         "the ACLs of User:pin_outbox_relay: Write and DescribeConfigs on the topic "
         '(docs/operations.md, "Kafka ACLs")')
-    assert kafka_errors.principal(load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": "b:9092"})) == (
+    assert kafka.principal(load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": "b:9092"})) == (
         "User:ANONYMOUS")
 
 
 def test_repeated_client_errors_are_logged_once_a_minute() -> None:
-    repeats = kafka_log.RepeatFilter(window_s=60)
+    repeats = kafka.RepeatFilter(window_s=60)
     line = "_TRANSPORT: 127.0.0.1:9/bootstrap: Connect failed (after {}ms in state CONNECT)"
     assert [repeats.fresh(line.format(n)) for n in (1, 2, 3)] == [True, False, False]
     assert repeats.fresh("_ALL_BROKERS_DOWN: 1/1 brokers are down")

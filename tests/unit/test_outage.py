@@ -7,14 +7,14 @@ from typing import Any
 
 import pytest
 
-from outbox.kafka_log import LibrdkafkaLog
-from outbox.outage import (
+from outbox.kafka import (
     FAILING,
     PARTITION_FAILING,
     PARTITION_RESTORED,
     PARTITION_STILL_FAILING,
     RESTORED,
     STILL_FAILING,
+    LibrdkafkaLog,
     OutageLog,
     PartitionOutages,
 )

@@ -3,7 +3,7 @@
 import json
 from typing import Any
 
-from outbox.statistics import ProducerStatistics, parse_statistics
+from outbox.metrics import ProducerStatistics, parse_statistics
 
 
 def broker(nodeid: int, nodename: str, state: str, *, cnt: int, p99: int) -> dict[str, Any]:

@@ -1,11 +1,11 @@
 """Where a key goes, and whether its partition looks able to take a record
-(outbox/partitioning.py; docs/outbox-relay.md, "One partition's outage")."""
+(outbox/topic_watch.py; docs/outbox-relay.md, "One partition's outage")."""
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outbox.partitioning import murmur2, partition_of, partition_problem
+from outbox.topic_watch import murmur2, partition_of, partition_problem
 
 
 def signed(value: int) -> int:

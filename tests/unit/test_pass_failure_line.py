@@ -1,14 +1,14 @@
 """The line a one-shot relay pass ends with, its exit code, and when it exits 0
-(outbox.pass_failure)."""
+(outbox.one_pass)."""
 
 from datetime import timedelta
 
 import pytest
 
 from core.exit_codes import ExitCode
-from outbox.pass_failure import failure_line, pass_failure
+from outbox.lanes import RelayStats
+from outbox.one_pass import failure_line, pass_failure
 from outbox.store import Backlog, LockHolder
-from outbox.tally import RelayStats
 
 WAITING = Backlog(unpublished=7, parked=0, oldest_created_at=None, oldest_age_s=412.0)
 HOLDER = LockHolder(pid=4242, user="relay", client_addr="10.0.0.9", client_port=5433,

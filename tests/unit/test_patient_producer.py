@@ -1,4 +1,4 @@
-"""The patient producer's bookkeeping (outbox/patient.py), with a fake librdkafka producer: a
+"""The patient producer's bookkeeping (outbox/producer.py), with a fake librdkafka producer: a
 row is sent once whatever the lanes ask, its report waits by row id for the lane that records
 it, an answer in time is told apart from a late one, and a producer whose messages are refused
 for its state (PRODUCER_FENCED, ...) is replaced, what it had on its way reported purged."""
@@ -10,7 +10,7 @@ from typing import Any
 from confluent_kafka import KafkaError
 
 from outbox.config import RelaySettings
-from outbox.patient import PatientProducer
+from outbox.producer import PatientProducer
 from outbox.store import ReadMessage
 
 SETTINGS = RelaySettings(bootstrap_servers="fake:9092", delivery_timeout=timedelta(seconds=2))

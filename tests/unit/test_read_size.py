@@ -1,4 +1,4 @@
-"""The stream's read size (outbox.read_size), without a database: it starts at the floor, doubles
+"""The stream's read size (outbox.lanes), without a database: it starts at the floor, doubles
 after full reads up to the ceiling, shrinks after short ones down to the floor, and a read's
 bytes bound it whatever the rows say."""
 
@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from outbox.read_size import MAX_READ_BYTES, MIN_READ_ROWS, ReadSize, next_read_rows
+from outbox.config import MIN_READ_ROWS
+from outbox.lanes import MAX_READ_BYTES, ReadSize, next_read_rows
 
 ROW_BYTES = 1_000
 

@@ -8,7 +8,7 @@ import pytest
 from core.config import ConfigError
 from outbox import kafka
 from outbox.config import RelaySettings, load_relay_settings, off_allowlist_error
-from outbox.kafka_log import RepeatFilter
+from outbox.kafka import RepeatFilter
 from reminders import events
 
 
@@ -110,6 +110,16 @@ def test_the_outage_and_statistics_intervals_are_read() -> None:
 def test_the_batch_sizes_an_operator_sets(environ: dict[str, str], sizes: tuple[int, int]) -> None:
     settings = load_relay_settings({"KAFKA_BOOTSTRAP_SERVERS": "k1:9092", **environ})
     assert (settings.batch_size, settings.batch_size_min) == sizes
+
+
+def test_the_batch_size_option_stands_for_the_variable_and_is_checked_with_the_rest() -> None:
+    """publish_outbox --batch-size is read as OUTBOX_BATCH_SIZE, before the cross-field checks."""
+    environ = {"KAFKA_BOOTSTRAP_SERVERS": "k1:9092", "OUTBOX_BATCH_SIZE": "500"}
+    settings = load_relay_settings(environ, batch_size="7")
+    assert (settings.batch_size, settings.batch_size_min) == (7, 100)
+    with pytest.raises(ConfigError) as raised:
+        load_relay_settings({**environ, "OUTBOX_BATCH_SIZE_MIN": "200"}, batch_size="50")
+    assert str(raised.value) == "OUTBOX_BATCH_SIZE_MIN: must be at most --batch-size (50), got 200"
 
 
 @pytest.mark.parametrize("prop", [

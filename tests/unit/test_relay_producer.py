@@ -15,8 +15,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from outbox.config import RelaySettings
-from outbox.producer import Batch, EveryPartitionAble, RelayProducer
-from outbox.reports import sort_reports
+from outbox.producer import Batch, EveryPartitionAble, RelayProducer, sort_reports
 from outbox.store import Read, ReadMessage
 
 Report = Callable[[KafkaError | None, Any], None]
@@ -254,7 +253,7 @@ def test_the_barrier_on_one_producer_does_not_acknowledge_a_batch_of_another(
     harness: Harness,
 ) -> None:
     old_batch = harness.batch("a")
-    harness.relay._fatal = KafkaError(KafkaError._FATAL, fatal=True)
+    harness.relay.state.fatal = KafkaError(KafkaError._FATAL, fatal=True)
     harness.made[0].purge = lambda **_kwargs: None  # type: ignore[method-assign]
     new_batch = harness.batch("b")  # the old producer is dropped, and keeps "a" in flight
 
@@ -293,7 +292,7 @@ def test_rows_released_at_stop_are_said_as_such_not_as_an_outage() -> None:
 
 def test_rows_released_after_a_refusal_add_nothing_to_the_refusal_line() -> None:
     relay, lines = _said(threading.Event())
-    relay._on_error(KafkaError(KafkaError._AUTHENTICATION))
+    relay.state.on_error(KafkaError(KafkaError._AUTHENTICATION))
     relay.batch_recorded(published=0, released=4, first_unavailable=None)
     assert not relay.outage.failing
     assert [event for event, _fields in lines] == ["kafka refused the relay"]

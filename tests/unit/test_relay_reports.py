@@ -1,10 +1,10 @@
-"""outbox.reports.sort_reports with error-only delivery reports: a row without an error is
+"""outbox.producer.sort_reports with error-only delivery reports: a row without an error is
 delivered only in a batch the producer acknowledged as a whole (docs/outbox-relay.md, "Why
 nothing is recorded before its acknowledgement")."""
 
 from confluent_kafka import KafkaError
 
-from outbox.reports import sort_reports
+from outbox.producer import sort_reports
 from outbox.store import ReadMessage
 
 CLOCK_S = 1_800_000_000.0  # the database's clock at the read

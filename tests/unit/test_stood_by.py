@@ -1,8 +1,8 @@
-"""A one-shot pass that stood by fails only when rows waited past the bound (outbox.stood_by)."""
+"""A one-shot pass that stood by fails only when rows waited past the bound (outbox.one_pass)."""
 
 import pytest
 
-from outbox.stood_by import stood_by_while_rows_waited
+from outbox.one_pass import stood_by_while_rows_waited
 
 
 @pytest.mark.parametrize(("stood_by", "oldest_waiting_s", "bound_s", "fails"), [

@@ -7,10 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from outbox.lanes import BatchOutcome, cut, position_after
 from outbox.producer import Batch
 from outbox.store import ReadMessage
-from outbox.stream import cut, position_after
-from outbox.tally import BatchOutcome
 
 
 def row(seq: int, key: str, *, held: bool = False, txid: str = "100") -> ReadMessage:

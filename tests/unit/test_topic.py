@@ -1,4 +1,4 @@
-"""The topic's durability rule (outbox.topic.durability_problem), its switch, and the partitioner
+"""The topic's durability rule (outbox.topic_watch.durability_problem), its switch, and the partitioner
 the relay pins (docs/outbox-relay.md, "A topic that keeps what it acknowledged")."""
 
 import pytest
@@ -6,7 +6,7 @@ import pytest
 from core.config import ConfigError
 from outbox import kafka
 from outbox.config import load_relay_settings
-from outbox.topic import KAFKA_DEFAULTS, TopicConfig, durability_problem, replicas_of, topic_config
+from outbox.topic_watch import KAFKA_DEFAULTS, TopicConfig, durability_problem, replicas_of, topic_config
 
 BOOT = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092"}
 TOPIC = "pin.profile.document-expiry-reminders.v1"

@@ -11,18 +11,18 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from core.commands import ProjectCommand, stop_on_signals
-from core.config import ConfigError, parse_duration_or_zero, parse_positive_int
+from core.config import ConfigError, parse_duration_or_zero
 from core.exit_codes import ExitCode
 from core.garbage import relax_garbage_collection
 from core.health import Heartbeat, Verdict, database_ready
 from core.ops_server import Probes, operations_server
 from core.progress import ProgressBar
-from outbox import kafka, kafka_errors, metrics, store
+from outbox import kafka, metrics, store
 from outbox.config import RelaySettings, load_relay_settings
-from outbox.pass_failure import pass_failure
-from outbox.relay import Relay, RelayStats
-from outbox.stood_by import stood_by_while_rows_waited
-from outbox.topic import UndurableTopicError
+from outbox.lanes import RelayStats
+from outbox.one_pass import publish_one_pass
+from outbox.relay import Relay
+from outbox.topic_watch import UndurableTopicError
 
 # /healthz fails when the loop has not turned for this long (or 3 poll intervals, if longer).
 HEARTBEAT_MIN = timedelta(minutes=5)
@@ -75,10 +75,8 @@ class Command(ProjectCommand):
                             "this old (default 5m)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        settings = load_relay_settings(os.environ)
-        if options["batch_size"] is not None:  # before the check: the producer's queue follows it
-            settings = settings.with_overrides(
-                batch_size=parse_positive_int("--batch-size", options["batch_size"]))
+        # --batch-size before the checks: as OUTBOX_BATCH_SIZE, and the producer's queue follows it.
+        settings = load_relay_settings(os.environ, batch_size=options["batch_size"])
         kafka.check_producer_config(settings)  # librdkafka's own check, offline: exit 2 too
         held_bound = parse_duration_or_zero("--held-bound", options["held_bound"])
         stood_by_bound = parse_duration_or_zero("--stood-by-bound", options["stood_by_bound"])
@@ -88,27 +86,12 @@ class Command(ProjectCommand):
                 self._loop(settings, stop)
                 return
             # A bar on a terminal (log lines above it); nothing but the log elsewhere.
-            progress = ProgressBar("outbox messages", "msg")
-            relay = Relay(settings, stop=stop, on_batch=lambda stats: progress(
-                stats.published + stats.released + stats.failed))
-            try:
-                with progress:
-                    if progress.enabled:
-                        progress(0, store.backlog(relay.using).unpublished)
-                    stats = relay.run_pass(held_bound.total_seconds())
-                backlog = store.backlog(relay.using)
-                stood_by_too_long = stood_by_while_rows_waited(
-                    stood_by=stats.stood_by, oldest_waiting_s=backlog.oldest_age_s,
-                    bound_s=stood_by_bound.total_seconds())
-                holder = store.relay_lock_holder(relay.using) if stood_by_too_long else None
-            finally:
-                relay.close()
-        self._summarise(stats, backlog)
-        failure = pass_failure(stats, backlog, stopped=stop.is_set(),
-                               stood_by_too_long=stood_by_too_long, holder=holder,
-                               delivery_timeout=settings.delivery_timeout)
-        if failure is not None:
-            raise CommandError(failure.line, returncode=failure.code)
+            outcome = publish_one_pass(settings, stop=stop, held_bound=held_bound,
+                                       stood_by_bound=stood_by_bound,
+                                       progress=ProgressBar("outbox messages", "msg"))
+        self._summarise(outcome.stats, outcome.backlog)
+        if outcome.failure is not None:
+            raise CommandError(outcome.failure.line, returncode=outcome.failure.code)
 
     def _loop(self, settings: RelaySettings, stop: threading.Event) -> None:
         """--loop, with METRICS_ADDR's /metrics, /healthz (the loop beats) and /readyz."""
@@ -150,7 +133,7 @@ def refusals_as_exit_codes() -> Iterator[None]:
         yield
     except UndurableTopicError as exc:  # the topic's to fix (its owner's), not the relay's settings
         raise CommandError(f"bad configuration: {exc}", returncode=ExitCode.REFUSED) from None
-    except (kafka_errors.KafkaRefusedError, store.StreamAheadError,
+    except (kafka.KafkaRefusedError, store.StreamAheadError,
             store.StreamSubscribedError) as exc:
         raise CommandError(str(exc), returncode=ExitCode.REFUSED) from None
     except (store.ServerInRecoveryError, store.ReaderOnAnotherServerError) as exc:

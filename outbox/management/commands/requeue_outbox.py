@@ -1,5 +1,5 @@
 """manage.py requeue_outbox: list parked outbox rows, preview a re-queue, or make them deliverable
-again (outbox.requeue: logged and counted)."""
+again (outbox.admin.requeue: logged and counted)."""
 
 import uuid
 from argparse import ArgumentParser
@@ -9,7 +9,8 @@ from django.core.management.base import CommandError
 
 from core.commands import ProjectCommand, usage_error
 from core.exit_codes import ExitCode
-from outbox import requeue, store
+from outbox import store
+from outbox.admin import requeue, requeue_preview
 
 
 class Command(ProjectCommand):
@@ -52,11 +53,11 @@ class Command(ProjectCommand):
             self._preview(selected)
             return
         if options["all"] and not options["yes"]:
-            parked = len(requeue.preview("default", None))
+            parked = len(requeue_preview("default", None))
             raise usage_error(
                 f"--all re-queues every parked message ({parked} now) and needs --yes: nothing "
                 "re-queued; see them with --all --dry-run")
-        requeued = requeue.requeue("default", selected, via="command")
+        requeued = requeue("default", selected, via="command")
         self.stdout.write(f"re-queued {len(requeued)} message(s)")
         for message_id in requeued:
             self.stdout.write(f"  {message_id}")
@@ -67,7 +68,7 @@ class Command(ProjectCommand):
                 f"{', '.join(sorted(map(str, missing)))}", returncode=ExitCode.FAILED)
 
     def _preview(self, ids: list[uuid.UUID] | None) -> None:
-        rows = requeue.preview("default", ids)
+        rows = requeue_preview("default", ids)
         keys = sorted({row.message_key for row in rows})
         self.stdout.write(f"would re-queue {len(rows)} message(s) of {len(keys)} key(s); "
                           "nothing changed")

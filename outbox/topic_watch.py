@@ -16,8 +16,12 @@ DescribeConfigs), and:
   and the metadata is read again every LOOK_UNREADY_S until the partition looks able again;
 - keeps the partitions that did not answer in time (their rows timed out in the client while
   the rest of their batch was delivered) the same way, until a row of theirs is acknowledged
-  within the delivery timeout (the patient producer's probe, outbox.patient) or a look shows
+  within the delivery timeout (the patient producer's probe, outbox.producer) or a look shows
   another leader.
+
+Where a key goes is known without storing it: the producer's partitioner is librdkafka's
+`murmur2_random` (a guarded property, outbox.kafka), the Java client's: murmur2 of the key's UTF-8
+bytes, made positive, modulo the partition count (`partition_of`).
 """
 
 import logging
@@ -31,12 +35,57 @@ from confluent_kafka.admin import AdminClient, ConfigResource
 
 from core.config import ConfigError
 from outbox import kafka, metrics, store
-from outbox.config import ALLOW_UNDURABLE_VAR, RelaySettings
-from outbox.kafka_errors import describe
-from outbox.outage import Emit
-from outbox.partitioning import partition_of, partition_problem
-from outbox.redaction import redact
+from outbox.config import ALLOW_UNDURABLE_VAR, Emit, RelaySettings
+from outbox.kafka import describe, redact
 
+# --- where a key goes, and whether its partition can take a record now (pure) --------------------
+_M = 0x5BD1E995
+_MASK = 0xFFFFFFFF
+_SEED = 0x9747B28C
+
+
+def murmur2(data: bytes) -> int:
+    """Kafka's murmur2 of `data` (org.apache.kafka.common.utils.Utils.murmur2), unsigned 32-bit."""
+    h = (_SEED ^ len(data)) & _MASK
+    tail = len(data) - len(data) % 4
+    for i in range(0, tail, 4):
+        k = (int.from_bytes(data[i:i + 4], "little") * _M) & _MASK
+        k ^= k >> 24
+        h = ((h * _M) & _MASK) ^ ((k * _M) & _MASK)
+    rest = data[tail:]
+    if len(rest) == 3:
+        h ^= rest[2] << 16
+    if len(rest) >= 2:
+        h ^= rest[1] << 8
+    if rest:
+        h = ((h ^ rest[0]) * _M) & _MASK
+    h ^= h >> 13
+    h = (h * _M) & _MASK
+    return h ^ (h >> 15)
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """The partition the relay's producer chooses for `key` on a topic of `partitions`."""
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+def partition_problem(leader: int, isrs: Sequence[int], min_insync: int | None) -> str | None:
+    """Why a partition cannot take a record now, by its metadata; None if it looks able to.
+    No leader: librdkafka would hold the record until the delivery timeout. Fewer in-sync
+    replicas than `min.insync.replicas` (None: not known, the configuration unreadable): the
+    broker would refuse it, or append it and answer NOT_ENOUGH_REPLICAS_AFTER_APPEND (a copy
+    on the topic that the relay counts as not delivered). The in-sync replicas are counted as
+    the broker lists them, as it counts them itself (Tansu names its one broker three times and
+    takes the write; durability counts distinct brokers instead: replicas_of)."""
+    if leader < 0:
+        return "no leader"
+    in_sync = len(isrs)
+    if min_insync is not None and in_sync < min_insync:
+        return f"{in_sync} in-sync replica(s), min.insync.replicas={min_insync}"
+    return None
+
+
+# --- the watch ------------------------------------------------------------------------------------
 MIN_INSYNC = "min.insync.replicas"
 UNCLEAN = "unclean.leader.election.enable"
 # Kafka's own defaults, for a broker that reports only what was set on the topic (Tansu).
@@ -114,6 +163,12 @@ def replicas_of(partitions: Mapping[int, Any]) -> int:
     return min((len(set(p.replicas)) for p in partitions.values()), default=0)
 
 
+# What the watch says of a topic's durability, by its state (the metric's label).
+DURABILITY_LINES = {"verified": (logging.INFO, "topic keeps what it acknowledges"),
+                    "unverified": (logging.WARNING, "topic durability unverified"),
+                    "allowed": (logging.WARNING, "topic may lose acknowledged records, allowed by "
+                                                 "OUTBOX_ALLOW_UNDURABLE_TOPIC")}
+
 # A row not sent: its partition and the error its deferral records, by key.
 Unsendable = dict[str, tuple[int, KafkaError]]
 
@@ -127,6 +182,7 @@ class TopicWatch:
                  admin: Callable[[], Any] | None = None, look_again_s: float = LOOK_AGAIN_S,
                  look_unready_s: float = LOOK_UNREADY_S,
                  kafka_failing: Callable[[], bool] = lambda: False,
+                 on_ready: Callable[[str, int], bool] = lambda _topic, _partition: False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
         self.using = using
@@ -137,6 +193,9 @@ class TopicWatch:
         self._admin: Any = None
         self._clock = clock
         self._kafka_failing = kafka_failing  # the producer's outage: no look then
+        # Told (topic, partition) when a partition found unable looks able again; True if it
+        # was in an outage (its deferred rows are then due at once).
+        self.on_ready = on_ready
         self._admitted: set[str] = set()  # looked at: checked, or its configuration unreadable
         self._partitions: dict[str, int] = {}  # as last recorded
         self._durability: dict[str, str] = {}  # the state said for each topic
@@ -151,9 +210,6 @@ class TopicWatch:
         # (the metadata says nothing of it), only by an answer in time or another leader.
         self._slow: dict[str, dict[int, tuple[int, KafkaError]]] = {}
         self._leaders: dict[str, dict[int, int]] = {}  # by topic, as the last look saw them
-        # Told (topic, partition) when a partition found unable looks able again; True if it
-        # was in an outage (its deferred rows are then due at once).
-        self.on_ready: Callable[[str, int], bool] = lambda _topic, _partition: False
 
     def admit(self, messages: Sequence[Any]) -> Unsendable:
         """Before a batch goes to the producer: look at each of its topics not looked at yet;
@@ -206,7 +262,7 @@ class TopicWatch:
 
     def partition_slow(self, topic: str, partition: int) -> None:
         """Its rows timed out in the client while the rest of their batch was delivered: it
-        is kept back like an unable one, one row at a time going as its probe (outbox.patient),
+        is kept back like an unable one, one row at a time going as its probe (outbox.producer),
         until it answers in time again or a look shows another leader."""
         if partition < 0 or topic not in self._partitions:
             return
@@ -356,19 +412,13 @@ class TopicWatch:
                 "consequence": "order per key does not hold across the change: a key's "
                                "records before it and after it may be on two partitions"})
 
-    _LINES = {"verified": (logging.INFO, "topic keeps what it acknowledges"),
-              "unverified": (logging.WARNING, "topic durability unverified"),
-              "allowed": (logging.WARNING,
-                          "topic may lose acknowledged records, allowed by "
-                          "OUTBOX_ALLOW_UNDURABLE_TOPIC")}
-
     def _say_durability(self, topic: str, state: str, fields: dict[str, Any]) -> None:
         """The state's metric, and its line once (again only if the state changes)."""
         metrics.set_topic_durability(topic, state)
         if self._durability.get(topic) == state:
             return
         self._durability[topic] = state
-        level, event = self._LINES[state]
+        level, event = DURABILITY_LINES[state]
         self._emit(level, event, {"topic": topic, **fields})
 
     def close(self) -> None:
