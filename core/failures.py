@@ -1,6 +1,7 @@
 """What a database failure means to an operator: the database unreachable, a table or a grant
 missing, or some other error; with a one-line reason that names the SQLSTATE's class and the
-object, and never a secret (docs/operations.md, "What the software prints").
+object, and never a secret (docs/runbooks/document-expiry-reminder.md,
+"What the software prints when something is wrong").
 
 `classify` reads the exception only (psycopg's, or Django's wrapping one), so it is cheap and
 safe to call on any failure path; the messages come from libpq and the server, which never

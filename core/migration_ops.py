@@ -1,4 +1,4 @@
-"""Migrations that cannot stall the service (docs/operations.md, "Writing a migration").
+"""Migrations that cannot stall the service (docs/deployment.md, "Writing a migration").
 
 A migration that subclasses `LockTimeoutMigration` sets `lock_timeout` and `statement_timeout`
 first (so `sqlmigrate` shows them, and squawk checks them), and turns a lock timeout into

@@ -173,7 +173,7 @@ MAX_STATISTICS_INTERVAL = timedelta(days=1)
 
 _protocol = choice_parser(*PROTOCOLS, upper=True)
 _sasl_mechanism = choice_parser(*SASL_MECHANISMS, upper=True)
-# Read by no code since the relay stopped leasing rows (docs/outbox-relay.md, "Settings").
+# Read by no code since the relay stopped leasing rows (docs/configuration.md).
 DEPRECATED_VARIABLES = {"OUTBOX_CLAIM_TTL": "no row is leased any more; remove it"}
 
 

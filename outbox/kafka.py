@@ -1,4 +1,4 @@
-"""The relay's Kafka client, below the producer (docs/outbox-relay.md, "Kafka"):
+"""The relay's Kafka client, below the producer (docs/outbox-relay.md, "A secured Kafka"):
 
 - which Kafka errors mean "the broker is unavailable" (wait and retry, no attempt counted), "this
   partition cannot take it now" (a kind of the first: defer it, no attempt counted), "this message

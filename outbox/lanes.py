@@ -35,7 +35,7 @@ never more than OUTBOX_BATCH_SIZE (the ceiling) nor than MAX_READ_BYTES of rows 
 memory bound). Pure: no I/O, no clock.
 
 A stream held back by a transaction open on the database server (`HeldWatch`, docs/outbox-relay.md,
-"A held stream"): rows wait after the position, but a transaction older than theirs has not
+"Settled transactions only"): rows wait after the position, but a transaction older than theirs has not
 ended, so none can be read yet. Said once it lasts `warn_after_s`, and its end once more.
 
 The slow lane (docs/outbox-relay.md, "The slow lane"): detoured rows delivered one per key at

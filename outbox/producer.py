@@ -1,4 +1,4 @@
-"""The relay's Kafka producer, from start to close (docs/outbox-relay.md, "Kafka"): started on
+"""The relay's Kafka producer, from start to close (docs/outbox-relay.md, "One batch"): started on
 first use and replaced after a fatal error; its callbacks (a refusal stops the relay, anything
 else is a failing connection for the outage log); a batch handed to it and awaited, up to the
 delivery timeout or the shutdown grace.

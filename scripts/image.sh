@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# docker/Dockerfile built and run without Docker (tests/ops/test_image.py, docs/operations.md,
+# docker/Dockerfile built and run without Docker (tests/ops/test_image.py, docs/deployment.md,
 # "The image, tested"): Debian's buildah (chroot isolation, vfs storage, no daemon), on a
 # stand-in for the Dockerfile's FROM (python:3.11-slim-bookworm) made from Debian's packages.
 #

@@ -1,4 +1,4 @@
-"""One definition of a row's delivery state (docs/outbox-relay.md, "The backlog"): the view
+"""One definition of a row's delivery state (docs/outbox-relay.md, "The stream and the slow lane"): the view
 `outbox_message_states`, read by the backlog query (the gauges, the commands, the admin's
 overview) and by the ORM (the admin's filters).
 

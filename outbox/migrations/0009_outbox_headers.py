@@ -1,4 +1,4 @@
-"""The outbox owns its rows' headers (docs/outbox-relay.md, "The worker's write"): the function
+"""The outbox owns its rows' headers (docs/outbox-relay.md, "The record's headers"): the function
 `outbox_headers` builds a new row's headers (its message id, the correlation id, the event type
 and the contract version, and the writer's extra headers such as `traceparent`), so that a
 writer (the worker's insert) never spells the outbox's header conventions itself, and the

@@ -1,4 +1,4 @@
-"""A new row's headers carry its aggregate too (docs/outbox-relay.md, "The worker's write"):
+"""A new row's headers carry its aggregate too (docs/outbox-relay.md, "The record's headers"):
 `outbox_headers` gains the aggregate's type and id, so that the stream's read sends the stored
 headers as they are instead of building them for every row it reads (that build was most of the
 read's server time).

@@ -1,5 +1,5 @@
-"""The outbox's own headers win over a writer's extra headers (docs/outbox-relay.md, "The worker's
-write"): `outbox_headers(...)` used to end with `|| extra`, so an extra `message_id` (or event
+"""The outbox's own headers win over a writer's extra headers (docs/outbox-relay.md, "The record's
+headers"): `outbox_headers(...)` used to end with `|| extra`, so an extra `message_id` (or event
 type, contract version, correlation id, aggregate) replaced the outbox's, and a consumer
 deduplicating by `message_id` would drop distinct reminders. Now the reserved keys are taken out
 of `extra` first, in both forms (the five-argument one of the previous release too)."""

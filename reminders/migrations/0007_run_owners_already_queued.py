@@ -1,5 +1,5 @@
 """The run history counts the owners whose reminder the outbox already held under its message
-id (docs/design.md, "One reminder, one message id"): their markers were written again, their
+id (docs/design.md, "One arming, one message id"): their markers were written again, their
 event was not. A column with a constant default is added without rewriting the table."""
 
 from django.db import migrations, models

@@ -382,6 +382,6 @@ def test_the_audit_without_one_of_its_documented_acls_is_refused_in_one_line(
     assert line.startswith("CommandError: audit failed: kafka refused the audit (SASL_SSL): ")
     assert naming in line
     assert line.endswith(f"check the ACLs of User:{principal.name}: Read on the topic, Describe "
-                         'on the groups prefixed audit-reminders- (docs/operations.md, "Kafka '
-                         'ACLs")')
+                         "on the groups prefixed audit-reminders- "
+                         '(docs/operations.md, "Kafka ACLs")')
     assert principal.password not in err

@@ -1,4 +1,4 @@
-"""The image built and run (docs/operations.md, "The image, tested"): docker/Dockerfile built by
+"""The image built and run (docs/deployment.md, "The image, tested"): docker/Dockerfile built by
 Debian's buildah on a stand-in for python:3.11-slim-bookworm made from Debian's packages
 (scripts/image.sh), then run as a platform runs it, as its unprivileged user: what it says it is
 (its OCI labels, `--version`), what it leaves out (devtools, development packages), `check --deploy`
