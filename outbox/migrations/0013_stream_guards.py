@@ -1,5 +1,5 @@
 """The relay's stream refuses what would put rows where the relay cannot see them
-(docs/outbox-relay.md, "The stream on a new cluster"; issue 29):
+(docs/outbox-relay.md, "The stream on a new cluster"):
 
 - `outbox_stream_settle()` does not re-base the stream onto this cluster, nor record a move, while
   a logical-replication subscription of this database that carries the outbox is enabled or its

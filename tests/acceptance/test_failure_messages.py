@@ -1,4 +1,4 @@
-"""What the commands print when the database fails, as an operator reads it (issue 14): the
+"""What the commands print when the database fails, as an operator reads it: the
 database unreachable, a grant or a table missing, or owners failed; each says which, with the
 fix, and never a password. Real failures: a refused port, a database that does not exist, a
 role without a privilege, a renamed table."""

@@ -1,4 +1,4 @@
-"""Progress as an operator sees it (issue 14): on a terminal (a real pseudo-terminal) a cycle, a
+"""Progress as an operator sees it: on a terminal (a real pseudo-terminal) a cycle, a
 relay pass and a prune show a tqdm bar, with the log lines written whole above it and never
 inside the bar's line; without a terminal no bar character is written and every log line is
 JSON."""

@@ -1,4 +1,4 @@
-"""The relay works only on the primary it leads on (issue 29), with real clusters and the real
+"""The relay works only on the primary it leads on, with real clusters and the real
 commands: a relay pointed at a hot standby (pg_basebackup -R) sends nothing and says why, and a
 `--loop` there stands by, not ready, until the standby is promoted; a logical subscriber still
 applying the outbox refuses its worker's writes and its relay (nothing re-based); a relay whose

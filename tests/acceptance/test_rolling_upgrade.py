@@ -35,7 +35,7 @@ from tests.support.upgrade import (
 
 pytestmark = pytest.mark.slow
 
-# A writer queued behind a migration's lock request waits at most this long (issue 32).
+# A writer queued behind a migration's lock request waits at most this long.
 MIGRATION_LOCK_TIMEOUT_S = parse_duration("LOCK_TIMEOUT", LOCK_TIMEOUT).total_seconds()
 RELAY_BATCH = 50
 RELAY_SETTINGS = {"OUTBOX_BATCH_SIZE": str(RELAY_BATCH), "OUTBOX_DELIVERY_TIMEOUT": "2s",

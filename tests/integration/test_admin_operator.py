@@ -1,4 +1,4 @@
-"""What an operator sees in the admin (issue 14): a run's error, status, markers and events;
+"""What an operator sees in the admin: a run's error, status, markers and events;
 short ids with the full id on hover; a parked column that marks only parked rows; delivery
 filters that list what the backlog counts; no "View site"; and filters that use indexes."""
 

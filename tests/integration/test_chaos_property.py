@@ -82,8 +82,8 @@ def reset_tables() -> None:
 
 
 # PROPERTY_PROFILE=ci (the default, and CI's): the same 150 examples on every run, so a red CI
-# is the code's doing: those derandomize=True drew from this test's source before issue 30 (its
-# seed below), whatever the source says now. PROPERTY_PROFILE=random: 1000 new examples a run,
+# is the code's doing: those derandomize=True drew from this test's source as it was when the seed was
+# fixed (the seed below), whatever the source says now. PROPERTY_PROFILE=random: 1000 new examples a run,
 # for a longer hunt (docs/testing.md); a failure prints the @reproduce_failure line.
 PROFILE = os.environ.get("PROPERTY_PROFILE", "ci")
 PROFILES = {"ci": settings(max_examples=150, derandomize=True, database=None),

@@ -1,4 +1,4 @@
-"""What the outbox refuses so that nothing lands where the relay cannot see it (issue 29): a
+"""What the outbox refuses so that nothing lands where the relay cannot see it: a
 writer's extra headers never replace the outbox's own; a row that arrives with its place in the
 stream given, at or behind a position settled on this cluster, is refused even from an apply
 worker; two writers settling a moved stream at once re-base it once; a one-shot pass that stood

@@ -169,7 +169,7 @@ def test_dashboard_shows_what_the_issue_lists() -> None:
         "profile_outbox_unpublished_messages",
         "profile_outbox_oldest_unpublished_age_seconds",
         "profile_outbox_parked_messages",
-        # the relay's own (issue 14)
+        # the relay's own
         "profile_outbox_broker_connected",
         "profile_outbox_delivery_latency_seconds_bucket",
         "profile_outbox_broker_rtt_seconds",

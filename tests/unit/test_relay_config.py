@@ -102,7 +102,7 @@ def test_the_outage_and_statistics_intervals_are_read() -> None:
         # it is the only one (a small setting keeps its meaning).
         ({"OUTBOX_BATCH_SIZE": "500"}, (500, 100)),
         ({"OUTBOX_BATCH_SIZE": "50"}, (50, 100)),
-        # Both set alike: the fixed read size of the releases before issue 33.
+        # Both set alike: the fixed read size of the releases before reads grew.
         ({"OUTBOX_BATCH_SIZE": "500", "OUTBOX_BATCH_SIZE_MIN": "500"}, (500, 500)),
         ({"OUTBOX_BATCH_SIZE_MIN": "20"}, (5000, 20)),
     ],
