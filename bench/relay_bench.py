@@ -245,7 +245,7 @@ def _relay_process(job: RelayJob, ready: Any, start: Any, results: Any) -> None:
     django.setup()
     from bench.peak_rss import peak_rss_mb
     from core.db import raw_connection
-    from core.garbage import relax_garbage_collection
+    from core.gc_tuning import relax_garbage_collection
     from outbox.relay import Relay
 
     settings = job.batch.settings(bootstrap_servers=job.bootstrap,
@@ -388,7 +388,7 @@ def measure(events: list[int], *, batch_size: int | None = None,
     database alone (the first batch size). Each Kafka line on a fresh topic of one mock cluster
     (or of the broker at `bootstrap`)."""
     specs = batches or [BatchSpec(batch_size) if batch_size else BatchSpec()]
-    from core.garbage import relax_garbage_collection
+    from core.gc_tuning import relax_garbage_collection
     from devtools.mock_kafka import MockKafkaCluster
 
     results = []

@@ -5,7 +5,7 @@ Owners are the unit: a batch holds whole owners (about `batch_size` documents), 
 markers and events together, and on failure is retried owner by owner so that one failing
 owner loses nothing for the others. What each step does to the ledger is `reminders.ledger`'s
 (written, or the dry run's plan). On two claim connections (`REMINDER_CLAIM_CONNECTIONS=2`)
-batches go in pairs, one sent to `reminders.lane`'s connection while the other is claimed on
+batches go in pairs, one sent to `reminders.claim_connections`'s connection while the other is claimed on
 the cycle's; every batch is counted here, on the cycle's thread. An observer (metrics,
 tracing, health: see `reminders.observe`) is told, in plain values, when the cycle starts,
 around each batch, and when it ends.
@@ -35,8 +35,8 @@ from core.db import (
 from core.failures import DatabaseFailure, classify_on
 from core.logs import Rows, log_event, log_events
 from reminders import events, rules, store
+from reminders.claim_connections import ClaimLane, LaneOutcome
 from reminders.config import ReminderSettings
-from reminders.lane import ClaimLane, LaneOutcome
 from reminders.ledger import DryRun, Ledger, Scope, Writes
 from reminders.models import ReminderRun
 from reminders.result import BatchCounts, CycleObserver, CycleResult, CycleStart

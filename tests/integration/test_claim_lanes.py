@@ -18,7 +18,7 @@ from django.db import connection
 
 from core.db import raw_connection
 from reminders import store
-from reminders.lane import ClaimLane
+from reminders.claim_connections import ClaimLane
 from reminders.models import ReminderRun
 from tests.conftest import CycleRunner, as_worker, test_database_url
 from tests.support.chaos import wait_until
