@@ -18,7 +18,7 @@ from django.db import connection
 
 from core.db import raw_connection
 from reminders import store
-from reminders.claim_connections import ClaimLane
+from reminders.claim_connections import AliasConnections, AliasSession, SecondConnection
 from reminders.models import ReminderRun
 from tests.conftest import CycleRunner, as_worker, test_database_url
 from tests.support.chaos import wait_until
@@ -165,8 +165,9 @@ def test_the_lane_connects_as_the_cycle_and_closes(
     with as_worker():
         store.tune_claim_session("default")  # as store.due_owners tunes the cycle's session
         cycle = cast(tuple[Any, ...], probe([]))
-        with ClaimLane.open("default", probe) as lane:
-            on_lane = cast(tuple[Any, ...], lane.send([]).result().claim)
+        second = AliasConnections("default").second_session()
+        with SecondConnection.open(second, probe) as lane:
+            on_lane = cast(tuple[Any, ...], lane.send([]).result().result)
             assert _lanes(watch, cycle[-1]) == [on_lane[-1]]
         _no_lane_left(watch, cycle[-1])
         with connection.cursor() as cursor:
@@ -300,10 +301,10 @@ def test_a_lane_that_cannot_connect_leaves_the_cycle_on_one_connection(
 ) -> None:
     docs = _owners(1, 2, 3, documents=documents)
 
-    def refused(_lane: ClaimLane) -> None:
+    def refused(_session: AliasSession) -> None:
         raise psycopg.OperationalError("too many connections for role")
 
-    monkeypatch.setattr(ClaimLane, "_connect", refused)
+    monkeypatch.setattr(AliasSession, "connect", refused)
     cycle_pid = _cycle_pid()
     result = run(AS_OF, batch_size=1, claim_connections=2)
 
