@@ -10,7 +10,6 @@ import psycopg
 import pytest
 
 from reminders.config import DEFAULT_THRESHOLDS
-from tests.conftest import CycleRunner, test_database_url
 from tests.support import chaos_report
 from tests.support.chaos import (
     Worker,
@@ -22,6 +21,7 @@ from tests.support.chaos import (
     terminate_worker_waiting_on_a_lock,
     wait_until,
 )
+from tests.support.db_roles import CycleRunner, test_database_url
 from tests.support.factories import Documents
 from tests.support.invariants import (
     check_invariants,

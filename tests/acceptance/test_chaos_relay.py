@@ -20,12 +20,13 @@ from core.roles import RELAY_ROLE
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import read_topic
 from reminders.config import DEFAULT_THRESHOLDS
-from tests.conftest import command_env, manage_py, test_database_url
 from tests.support import chaos_report
 from tests.support.chaos import Worker, iso, load_spread_documents, outbox_count, scalar, wait_until
+from tests.support.db_roles import test_database_url
 from tests.support.factories import Documents
 from tests.support.invariants import check_invariants, documents_md5, snapshot, tally
 from tests.support.ledger import day
+from tests.support.processes import command_env, manage_py
 from tests.support.reference import ReferenceLedger, documents_from_database
 from tests.support.relay_support import HOLD_LOCK, first_seen_order, marking_held
 

@@ -15,9 +15,9 @@ from psycopg import errors
 from core.roles import WORKER_ROLE
 from devtools.demo_data import PersonDocument
 from tests.acceptance.test_relay_process import relay_env, run_relay
-from tests.conftest import test_database_url
 from tests.support import chaos_report
 from tests.support.chaos import Worker, iso
+from tests.support.db_roles import test_database_url
 from tests.support.factories import Documents, insert_documents
 from tests.support.invariants import check_invariants, documents_md5
 from tests.support.ledger import day

@@ -12,13 +12,12 @@ import pytest
 from django.db import connection
 
 from devtools.demo_data import PersonDocument
-from tests.conftest import command_env
 from tests.support.chaos import cycles_start_together
 from tests.support.chaos_proxy import refused_port
 from tests.support.factories import Documents, insert_documents
 from tests.support.faketime import skewed_env
 from tests.support.ledger import events, expiring_in, markers, real_today, run_statuses
-from tests.support.processes import Command, run_command
+from tests.support.processes import Command, command_env, run_command
 
 AS_OF_ARG = "2026-11-29T03:00:00Z"
 

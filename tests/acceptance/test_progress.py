@@ -14,10 +14,9 @@ from django.db import connection
 from core.roles import RELAY_ROLE
 from devtools.demo_data import PersonDocument
 from devtools.mock_kafka import MockKafkaCluster
-from tests.conftest import command_env
 from tests.support.factories import Documents, insert_documents
 from tests.support.ledger import expiring_in
-from tests.support.processes import run_command
+from tests.support.processes import command_env, run_command
 from tests.support.relay_support import BASE_TIME, insert_outbox
 from tests.support.terminal import BAR, BAR_CHARACTERS, TerminalRun, run_in_terminal
 

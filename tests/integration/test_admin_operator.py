@@ -19,8 +19,8 @@ from outbox.admin import backlog_card
 from outbox.models import OutboxMessage
 from reminders.admin import run_events_url, run_markers_url
 from reminders.models import DocumentExpiryReminder, ReminderRun
-from tests.conftest import CycleRunner
 from tests.support.admin_data import bulk_ledger, finished_run, ledger_rows, outbox_message
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, expiring_in
 

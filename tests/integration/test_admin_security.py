@@ -20,9 +20,10 @@ from core.login_throttle import LOGIN_THROTTLE
 from outbox.models import OutboxMessage
 from reminders.models import DocumentExpiryReminder, ReminderRun
 from reminders.viewers import ensure_viewers_group
-from tests.conftest import ROOT, CycleRunner
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, expiring_in
+from tests.support.processes import ROOT
 
 PASSWORD = "a long test password"  # noqa: S105 - a test user's
 

@@ -25,12 +25,11 @@ from outbox.relay import Relay
 from reminders import events
 from tests.acceptance.test_kafka_security import tls_env
 from tests.acceptance.test_relay_process import run_relay
-from tests.conftest import CycleRunner, command_env
-from tests.support.db_roles import as_role
+from tests.support.db_roles import CycleRunner, as_role
 from tests.support.exported_metrics import scrape_process
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, day, expiring_in
-from tests.support.processes import run_command
+from tests.support.processes import command_env, run_command
 from tests.support.relay_support import as_relay, insert_outbox, relay_settings
 from tests.support.tansu_support import Certificates, TansuBroker
 

@@ -15,11 +15,12 @@ from devtools.demo_data import PersonDocument
 from reminders.config import DEFAULT_THRESHOLDS
 from reminders.events import MAX_DOCUMENTS_PER_EVENT
 from reminders.models import ReminderRun
-from tests.conftest import CycleRunner, command_env, manage_py
 from tests.support import chaos_report
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents, insert_documents
 from tests.support.invariants import check_invariants, documents_md5, snapshot, tally
 from tests.support.ledger import AS_OF, TODAY, day, events_for
+from tests.support.processes import command_env, manage_py
 from tests.support.reference import ReferenceLedger, documents_from_database
 
 ODD_TYPES = ["", "UnknownType", "x" * 32, "Водительское", "🛂Passport", "Passport ", "a'b\"c\\d"]

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from devtools.demo_data import PersonDocument
-from tests.conftest import CycleRunner
 from tests.support import chaos_report
 from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents, insert_documents
 from tests.support.invariants import check_invariants, documents_md5, snapshot, tally
 from tests.support.ledger import AS_OF

@@ -20,8 +20,8 @@ from core.db import raw_connection
 from reminders import store
 from reminders.claim_connections import AliasConnections, AliasSession, SecondConnection
 from reminders.models import ReminderRun
-from tests.conftest import CycleRunner, as_worker, test_database_url
 from tests.support.chaos import wait_until
+from tests.support.db_roles import CycleRunner, as_worker, test_database_url
 from tests.support.factories import Documents
 from tests.support.ledger import (
     AS_OF,

@@ -14,7 +14,7 @@ from django.db import connection
 
 from devtools.demo_data import PersonDocument
 from reminders import rules
-from tests.conftest import CycleRunner
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.invariants import check_matches_model
 from tests.support.ledger import AS_OF, TODAY, Marker, events, expiring_in

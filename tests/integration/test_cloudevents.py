@@ -20,8 +20,7 @@ from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import Record, read_topic
 from outbox.relay import Relay
 from reminders import events
-from tests.conftest import CycleRunner
-from tests.support.db_roles import as_role
+from tests.support.db_roles import CycleRunner, as_role
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, expiring_in
 from tests.support.relay_support import as_relay, event_payload, relay_settings, stored_rows

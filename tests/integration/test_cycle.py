@@ -9,7 +9,7 @@ import pytest
 from django.db import connection
 
 from reminders.models import ReminderRun
-from tests.conftest import CycleRunner
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.ledger import (
     AS_OF,

@@ -10,7 +10,7 @@ import pytest
 from django.db import connections
 
 from reminders import store
-from tests.conftest import CycleRunner
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, events, expiring_in
 

@@ -17,8 +17,8 @@ from prometheus_client import REGISTRY
 
 from reminders.config import ReminderSettings
 from reminders.observe import MetricsObserver
-from tests.conftest import CycleRunner
 from tests.support.contract import named_after
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, day, expiring_in, markers
 

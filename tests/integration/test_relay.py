@@ -21,9 +21,8 @@ from outbox import store
 from outbox.relay import Relay
 from outbox.wakeup import Wakeup
 from reminders import events
-from tests.conftest import CycleRunner, test_database_url
 from tests.support import chaos_report
-from tests.support.db_roles import as_role
+from tests.support.db_roles import CycleRunner, as_role, test_database_url
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, database_now, expiring_in
 from tests.support.relay_support import (

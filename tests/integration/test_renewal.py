@@ -8,7 +8,7 @@ from datetime import UTC, date, datetime
 from django.db import connection
 
 from reminders.models import ReminderRun
-from tests.conftest import CycleRunner
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.ledger import TODAY, day, events, expiring_in
 

@@ -13,11 +13,10 @@ from django.test import Client
 from core.db import apply_sql_file
 from core.roles import ADMIN_WEB_ROLE, AUDITOR_ROLE, RELAY_ROLE, ROLES_SQL, WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
-from tests.conftest import command_env, test_database_url
-from tests.support.db_roles import as_role
+from tests.support.db_roles import as_role, test_database_url
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, expiring_in
-from tests.support.processes import run_command
+from tests.support.processes import command_env, run_command
 
 PLANTER = "pin_test_planter"
 PASSWORD = "a long test password"  # noqa: S105 - a test user's

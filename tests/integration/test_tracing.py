@@ -33,9 +33,10 @@ from core.tracing import configure_tracing
 from reminders.config import ReminderSettings
 from reminders.cycle import Cycle
 from reminders.observe import BATCH_SPAN, CYCLE_SPAN, TracingObserver
-from tests.conftest import as_worker, command_env, manage_py
+from tests.support.db_roles import as_worker
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, expiring_in, outbox_refusing
+from tests.support.processes import command_env, manage_py
 
 
 @pytest.fixture

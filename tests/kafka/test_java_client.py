@@ -12,7 +12,7 @@ from devtools.kafka_cluster import KafkaCluster
 from devtools.topic import read_topic
 from outbox.relay import Relay
 from reminders import events
-from tests.conftest import CycleRunner
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.kafka_support import PARTITIONS, TopicMaker, rows_sent_to
 from tests.support.ledger import AS_OF, expiring_in

@@ -22,10 +22,10 @@ from devtools.topic import Record, read_topic
 from outbox.config import ALLOW_UNDURABLE_VAR, RelaySettings
 from outbox.relay import Relay
 from tests.acceptance.test_relay_process import relay_env, run_relay, start_relay
-from tests.conftest import CycleRunner
 from tests.integration.test_audit import audit_command, loop_cycle, some_documents
 from tests.integration.test_cloudevents import assert_cloudevent
 from tests.integration.test_relay_topic import said
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.kafka_support import (
     PARTITIONS,

@@ -31,10 +31,11 @@ from reminders.observe import ObservedCycles
 from reminders.result import CycleResult
 from reminders.retention import prune_run_history
 from reminders.serving import observed_loop, seed_from_history
-from tests.conftest import as_worker, command_env, manage_py
+from tests.support.db_roles import as_worker
 from tests.support.exported_metrics import exported_metric_names_by_process
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, day, expiring_in
+from tests.support.processes import command_env, manage_py
 from tests.support.run_history import insert_run
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

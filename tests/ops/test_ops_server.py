@@ -30,9 +30,10 @@ from core import build
 from core.health import Verdict
 from core.ops_server import REQUEST_TIMEOUT_S, OpsServer, Probes, RecentVerdict
 from reminders.config import DEFAULT_THRESHOLDS
-from tests.conftest import command_env, manage_py, test_database_url
+from tests.support.db_roles import test_database_url
 from tests.support.factories import Documents
 from tests.support.ledger import expiring_in, real_today, run_as_ofs
+from tests.support.processes import command_env, manage_py
 from tests.support.reference import ReferenceLedger, documents_from_database
 
 T = TypeVar("T")

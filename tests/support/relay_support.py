@@ -24,9 +24,8 @@ from outbox.reader import StreamReader
 from outbox.relay import Relay
 from outbox.wakeup import Wakeup
 from reminders import events
-from tests.conftest import test_database_url
 from tests.support.contract import assert_event_valid
-from tests.support.db_roles import as_role
+from tests.support.db_roles import as_role, test_database_url
 
 TOPIC = events.TOPIC
 BASE_TIME = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)
