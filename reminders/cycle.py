@@ -235,9 +235,9 @@ class Cycle:
         """A batch's outcome counted: committed, accounted; rolled back, retried owner by owner
         on the cycle's connection; its connection lost, or the cycle's failed meanwhile, its
         owners failed (no retry)."""
+        if not isinstance(outcome.result, Exception):
+            return self._account(ledger, outcome.result)
         error = outcome.result
-        if not isinstance(error, Exception):
-            return self._account(ledger, error)
         if outcome.connection_lost:
             return self._fail_owners(outcome.owners, self._classify(self._lose(error)))
         if self._failure is not None:
