@@ -21,6 +21,7 @@ from tests.support.chaos import (
     terminate_worker_waiting_on_a_lock,
     wait_until,
 )
+from tests.support.contract import assert_outbox_matches_contract
 from tests.support.db_roles import CycleRunner, test_database_url
 from tests.support.factories import Documents
 from tests.support.invariants import (
@@ -96,6 +97,7 @@ def test_sessions_terminated_mid_cycle_fail_the_run_and_the_next_run_completes(
         owners_failed_reported=failed_owners, owners_done_before_loss=counts.get("done", 0),
         owners_total=len(done.events), exit_codes=[code, next_code], **tally(snap, done))
     check_invariants(documents_before=before, model=done, snap=snap)
+    assert_outbox_matches_contract()
 
 
 def run_next(as_of: datetime) -> tuple[int, str, Worker]:
@@ -140,6 +142,7 @@ def test_loop_reconnects_with_backoff_after_its_sessions_are_terminated(
         sessions_terminated=ended, retries=len(retries),
         retry_in_s=[r["retry_in_s"] for r in retries], statuses=statuses,
         **tally(snapshot()))
+    assert_outbox_matches_contract()
 
 
 def test_a_retry_after_utc_midnight_matches_a_history_of_the_recorded_runs(
@@ -169,3 +172,4 @@ def test_a_retry_after_utc_midnight_matches_a_history_of_the_recorded_runs(
             model.run(docs, as_of, DEFAULT_THRESHOLDS)
         with pytest.raises(AssertionError, match=r"invariant \(d\)"):
             check_matches_model(model)
+    assert_outbox_matches_contract()

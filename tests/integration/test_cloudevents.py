@@ -20,6 +20,7 @@ from devtools.mock_kafka import MockKafkaCluster
 from devtools.topic import Record, read_topic
 from outbox.relay import Relay
 from reminders import events
+from tests.support.contract import assert_outbox_matches_contract
 from tests.support.db_roles import CycleRunner, as_role
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, expiring_in
@@ -76,6 +77,7 @@ def test_a_cloudevents_consumer_reads_the_worker_s_events(
         assert row.headers["ce_id"] == record.message_id and row.headers["ce_subject"] == row.key
         assert record.headers == row.headers
         assert_cloudevent(record, record.message_id, row.created_at)
+    assert_outbox_matches_contract()
 
 
 def insert_previous_release_row(owner: str, headers_sql: str, params: list[Any]) -> str:

@@ -22,6 +22,7 @@ from outbox.relay import Relay
 from outbox.wakeup import Wakeup
 from reminders import events
 from tests.support import chaos_report
+from tests.support.contract import assert_outbox_matches_contract
 from tests.support.db_roles import CycleRunner, as_role, test_database_url
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, database_now, expiring_in
@@ -77,6 +78,7 @@ def test_events_reach_the_topic_with_key_payload_headers_and_the_contract_intact
     if broker == "tansu":
         chaos_report.record("relay on Tansu: round trip", broker=tansu_version(), events=6,
                             headers_checked=6 * len(records[0].headers), contract_valid=6)
+    assert_outbox_matches_contract()
 
 
 def test_one_relay_leads_and_a_standby_takes_over_when_its_session_dies_order_per_key_holds(
