@@ -129,7 +129,7 @@ def _relay_process(job: RelayJob, ready: Any, start: Any, results: Any) -> None:
     django.setup()
     from bench.peak_rss import peak_rss_mb
     from core.db import raw_connection
-    from core.garbage import relax_garbage_collection
+    from core.gc_tuning import relax_garbage_collection
     from outbox.relay import Relay
 
     settings = job.batch.settings(bootstrap_servers=job.bootstrap,
@@ -257,7 +257,7 @@ def _measure_count(messages: list[BenchMessage], servers: str, topic: str, *,
     `whole_pass`) and the relay with each number of processes, then the database alone. Each
     Kafka line on a fresh topic, named `topic` and what it measures."""
     # Every side with the relay's collector settings, the messages out of its walks.
-    from core.garbage import relax_garbage_collection
+    from core.gc_tuning import relax_garbage_collection
 
     relax_garbage_collection()
     warm_up(servers, f"{topic}.raw")

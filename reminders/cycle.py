@@ -4,11 +4,12 @@ urgency order, per-batch claim and event, owner-by-owner retry on failure, prune
 Owners are the unit: a batch holds whole owners (about `batch_size` documents), commits its
 markers and events together, and on failure is retried owner by owner so that one failing
 owner loses nothing for the others. What each step does to the ledger is `reminders.ledger`'s
-(written, or the dry run's plan). On two claim connections (`REMINDER_CLAIM_CONNECTIONS=2`)
-batches go in pairs, one sent to `reminders.lane`'s connection while the other is claimed on
-the cycle's; every batch is counted here, on the cycle's thread. An observer (metrics,
-tracing, health: see `reminders.observe`) is told, in plain values, when the cycle starts,
-around each batch, and when it ends.
+(written, or the dry run's plan); which connection claims which batch, and the order their
+outcomes come back in, is `reminders.claim_connections`' (on two claim connections, batches go
+in pairs). Every outcome is settled in one loop, on the cycle's thread: counted, retried, or
+its owners failed; a lost connection ends the cycle as failed once the batch in flight is
+settled. An observer (metrics, tracing, health: see `reminders.observe`) is told, in plain
+values, when the cycle starts, each batch settled, and when it ends.
 """
 
 import logging
@@ -17,38 +18,31 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
-from contextlib import ExitStack
 from datetime import UTC, datetime
 from typing import Any, NamedTuple
 
-import psycopg
-
-from core.config import ConfigError
-from core.db import (
-    DatabaseErrors,
-    connection_alive,
-    raw_connection,
-    session_lost,
-    transaction_pooler_in_the_way,
-)
+from core.db import DatabaseErrors
 from core.failures import DatabaseFailure, classify_on
 from core.logs import Rows, log_event, log_events
 from reminders import events, rules, store
+from reminders.claim_connections import (
+    AliasConnections,
+    ClaimOutcome,
+    ConnectionLostError,
+    CycleConnections,
+    DueOwnerRows,
+    claimed,
+    open_second_connection,
+)
 from reminders.config import ReminderSettings
-from reminders.lane import ClaimLane, LaneOutcome
 from reminders.ledger import DryRun, Ledger, Scope, Writes
 from reminders.models import ReminderRun
-from reminders.result import BatchCounts, CycleObserver, CycleResult, CycleStart
+from reminders.result import BatchCounts, BatchDone, CycleObserver, CycleResult, CycleStart
 
 logger = logging.getLogger("reminders.cycle")
 
 Clock = Callable[[], float]
 Progress = Callable[[int, int], None]
-
-
-class ConnectionLostError(ConnectionError):
-    """The database connection was lost mid-cycle; the cycle ends as failed."""
 
 
 class OwnerBatch(NamedTuple):
@@ -76,17 +70,9 @@ def owner_batches(
         yield OwnerBatch(batch, documents)
 
 
-class SentBatch(NamedTuple):
-    """A batch in flight on the claim lane: its owners, what it will come to, and its
-    observer's wrap (a span), closed when it is settled."""
-
-    owners: list[store.DueOwner]
-    outcome: "Future[LaneOutcome]"
-    span: ExitStack
-
-
 class Cycle:
-    """Runs one cycle; build it with the settings and call `run()`."""
+    """Runs one cycle; build it with the settings and call `run()`. `ledger` and `connections`
+    are the database's unless given (the Writes or DryRun ledger, the alias's connections)."""
 
     def __init__(
         self,
@@ -101,6 +87,8 @@ class Cycle:
         max_documents_per_event: int = events.MAX_DOCUMENTS_PER_EVENT,
         observer: CycleObserver | None = None,
         tick: datetime | None = None,
+        ledger: Ledger | None = None,
+        connections: CycleConnections | None = None,
     ) -> None:
         as_of = (as_of or datetime.now(UTC)).astimezone(UTC)
         self.scope = Scope(
@@ -114,8 +102,12 @@ class Cycle:
         self.progress = progress
         self.observer = observer or CycleObserver()
         self.result = CycleResult(run_id=self.scope.run_id, as_of=as_of, dry_run=dry_run)
+        self.connections = connections or AliasConnections(using)
+        self._ledger = ledger
+        self._here = self.connections.cycle_session()
         self._deadline = 0.0
-        self._two_connections = False  # claiming on two connections (watching each session)
+        self._status: str = ReminderRun.Status.SUCCEEDED  # how the batches ended
+        self._failure: BaseException | None = None  # what ends the cycle once it is settled
 
     # --- the cycle -------------------------------------------------------------------------
 
@@ -126,7 +118,8 @@ class Cycle:
             start = CycleStart(scope.run_id, scope.as_of, scope.settings.batch_size,
                                tuple(scope.settings.thresholds), self.result.dry_run)
             headers = self.observer.cycle_started(start)  # a trace context, into every event
-            ledger: Ledger = DryRun(scope) if self.result.dry_run else Writes(scope, headers)
+            ledger: Ledger = self._ledger or (
+                DryRun(scope) if self.result.dry_run else Writes(scope, headers))
             return self._run(ledger)
         finally:
             self.observer.cycle_finished(self.result)
@@ -165,11 +158,10 @@ class Cycle:
 
     def _remind_and_prune(self, ledger: Ledger) -> None:
         result, scope = self.result, self.scope
-        self._refuse_a_transaction_pooler()
+        self.connections.refuse_a_transaction_pooler(scope.run_id)
         ledger.start()
-        with store.due_owners(
-            scope.using, scope.window, scope.settings.thresholds, scope.as_of_date,
-            run_id=scope.run_id,
+        with self.connections.due_owners(
+            scope.window, scope.settings.thresholds, scope.as_of_date, run_id=scope.run_id,
             page_owners=store.DUE_PAGE_BATCHES * scope.settings.batch_size,
         ) as due:
             result.window_documents, result.due_documents = (
@@ -185,46 +177,42 @@ class Cycle:
             if result.failed_owners and result.status == ReminderRun.Status.SUCCEEDED:
                 result.status = ReminderRun.Status.PARTIAL
 
-    def _refuse_a_transaction_pooler(self) -> None:
-        """Before anything is written: where the alias holds its session across transactions
-        (DATABASE_POOL_MODE=session, the default) and the due owners' cursor with it, a pooler
-        that pools by transaction would drop that cursor mid-cycle; a ConfigError naming
-        DATABASE_POOL_MODE (exit 2) instead. Without a second connection to probe with (the
-        server's or the pooler's limit) the cycle goes on, as it did before the probe."""
-        using = self.scope.using
-        if not store.holds_sessions(using):
-            return  # by pages, nothing held: a transaction pooler is fine
-        raw_connection(using)  # the cycle's own session: if that fails, the cycle does
-        try:
-            pid = transaction_pooler_in_the_way(using)
-        except DatabaseErrors as exc:
-            log_event(logger, logging.WARNING, "transaction pooler probe skipped: no second "
-                      "connection", run_id=self.result.run_id, error=type(exc).__name__)
-            return
-        if pid is not None:
-            raise ConfigError(
-                "DATABASE_POOL_MODE",
-                f"unset or session, but the worker's session and another one both reached "
-                f"server process {pid}: a connection pooler that pools by transaction "
-                "(PgBouncer pool_mode=transaction) is between the worker and PostgreSQL; set "
-                "DATABASE_POOL_MODE=transaction (the cycle then reads its due owners by pages), "
-                "or connect directly or through session pooling; nothing was written")
+    def _remind_due_owners(self, ledger: Ledger, due: DueOwnerRows) -> str:
+        """The one loop: each batch's outcome, as `claim_connections.claimed` hands them,
+        settled, told to the observer and counted on this thread. Ends with the status the
+        batches ended with, or raises what failed the cycle's connection."""
+        with open_second_connection(self.connections, ledger.claim, run_id=self.scope.run_id,
+                                    wanted=self.scope.settings.claim_connections) as second:
+            for outcome in claimed(self._batches(due), ledger.claim, self._here, second):
+                counts = self._settle(ledger, outcome)
+                self.observer.batch_done(BatchDone(len(outcome.owners), counts,
+                                                   outcome.connection, outcome.started_ns))
+                self._counted()
+        if self._failure is not None:
+            raise self._failure
+        return self._status
+
+    def _batches(self, due: DueOwnerRows) -> Iterator[list[store.DueOwner]]:
+        """The batches to claim, each read when it is to start: none once the cycle's
+        connection has failed, or the stop or the deadline is seen (the status to end with)."""
+        batches = owner_batches(due.fetch, self.scope.settings.batch_size)
+        while self._failure is None:
+            try:
+                batch = next(batches, None)
+            except DatabaseErrors as exc:  # the due owners' read: the batch in flight settles
+                self._failure = exc
+                return
+            if batch is None:
+                return
+            if (stopping := self._stopping()) is not None:
+                self._status = stopping
+                return
+            log_event(logger, logging.INFO, "batch selected", run_id=self.result.run_id,
+                      owners=len(batch.owners), documents=batch.documents)
+            yield batch.owners
 
     def _out_of_time(self) -> bool:
         return self.clock() >= self._deadline
-
-    def _remind_due_owners(self, ledger: Ledger, due: store.DueOwners | store.DuePages) -> str:
-        if self.scope.settings.claim_connections == 1:
-            return self._remind_on_one_connection(ledger, due)
-        try:
-            lane = ClaimLane.open(self.scope.using, ledger.claim)
-        except DatabaseErrors as exc:
-            # No second connection (the server's or the pooler's limit): the cycle's one does.
-            log_event(logger, logging.WARNING, "second claim connection unavailable, claiming on"
-                      " one", run_id=self.result.run_id, error=type(exc).__name__)
-            return self._remind_on_one_connection(ledger, due)
-        with lane:
-            return self._remind_on_two_connections(ledger, due, lane)
 
     def _stopping(self) -> str | None:
         """The status to end with before the next batch starts (stopped, out of time), if any."""
@@ -239,133 +227,49 @@ class Cycle:
             return ReminderRun.Status.TIMED_OUT
         return None
 
-    def _selected(self, batch: OwnerBatch) -> None:
-        log_event(logger, logging.INFO, "batch selected", run_id=self.result.run_id,
-                  owners=len(batch.owners), documents=batch.documents)
-
     def _counted(self) -> None:
         if self.progress:
             self.progress(self.result.documents_processed, self.result.due_documents)
 
-    def _remind_on_one_connection(self, ledger: Ledger,
-                                  due: store.DueOwners | store.DuePages) -> str:
-        for batch in owner_batches(due.fetch, self.scope.settings.batch_size):
-            if (status := self._stopping()) is not None:
-                return status
-            self._selected(batch)
-            with self.observer.batch(len(batch.owners)):
-                self.observer.batch_done(self._remind_batch(ledger, batch.owners))
-            self._counted()
-        return ReminderRun.Status.SUCCEEDED
-
-    def _remind_on_two_connections(self, ledger: Ledger, due: store.DueOwners | store.DuePages,
-                                   lane: ClaimLane) -> str:
-        """Batches go in pairs: the first is sent to the lane, the second claimed here while it
-        runs (retried owner by owner here if it fails), then the lane's is settled. Every batch
-        is counted on this thread; no batch starts once the stop or the deadline is seen."""
-        self._two_connections = True
-        sent: SentBatch | None = None
-        status: str = ReminderRun.Status.SUCCEEDED
-        try:
-            for batch in owner_batches(due.fetch, self.scope.settings.batch_size):
-                if (stopping := self._stopping()) is not None:
-                    status = stopping
-                    break
-                self._selected(batch)
-                if sent is None:
-                    sent = self._send(lane, batch.owners)
-                    continue
-                with self.observer.batch(len(batch.owners)):
-                    self.observer.batch_done(self._remind_batch(ledger, batch.owners))
-                self._counted()
-                settling, sent = sent, None
-                self._settle(ledger, settling)
-        except BaseException:
-            if sent is not None:
-                self._settle_after_failure(ledger, sent)
-            raise
-        if sent is not None:
-            self._settle(ledger, sent)
-        return status
-
-    def _send(self, lane: ClaimLane, owners: list[store.DueOwner]) -> "SentBatch":
-        span = ExitStack()
-        span.enter_context(self.observer.batch(len(owners), lane=1))
-        try:
-            return SentBatch(owners, lane.send(owners), span)
-        except BaseException:
-            span.close()
-            raise
-
-    def _settle(self, ledger: Ledger, sent: "SentBatch") -> None:
-        """The lane's batch, once done: counted if it committed; if it rolled back, retried
-        owner by owner on this connection; a lost lane connection fails the cycle."""
-        with sent.span:
-            outcome = sent.outcome.result()
-            if outcome.claim is not None:
-                counts = self._account(ledger, outcome.claim)
-            elif outcome.connection_lost:
-                lost = ConnectionLostError("database connection lost")
-                self._fail_owners(sent.owners, classify_on(lost, self.scope.using))
-                raise lost from outcome.error
-            else:
-                log_event(logger, logging.WARNING, "batch failed, retrying owner by owner",
-                          run_id=self.result.run_id, owners=len(sent.owners),
-                          exc_info=outcome.error)
-                counts = self._retry_owner_by_owner(ledger, sent.owners)
-            self.observer.batch_done(counts)
-        self._counted()
-
-    def _settle_after_failure(self, ledger: Ledger, sent: "SentBatch") -> None:
-        """The lane's batch while the cycle fails: waited for, counted if it committed, its
-        owners failed if not (no retry: the cycle's connection may be gone)."""
-        with sent.span:
-            outcome = sent.outcome.result()
-            if outcome.claim is not None:
-                counts = self._account(ledger, outcome.claim)
-            else:
-                error = outcome.error or ConnectionLostError("database connection lost")
-                counts = self._fail_owners(sent.owners, classify_on(error, self.scope.using))
-            self.observer.batch_done(counts)
-
-    def _session(self) -> psycopg.Connection[Any] | None:
-        """The session a claim is about to run on, watched on two connections (`_lost`)."""
-        return raw_connection(self.scope.using) if self._two_connections else None
-
-    def _lost(self, session: psycopg.Connection[Any] | None) -> bool:
-        """Was the connection lost? On two connections, also when Django reconnected behind the
-        claim (`session_lost`), as a lost lane's is."""
-        using = self.scope.using
-        return not connection_alive(using) if session is None else session_lost(using, session)
-
-    def _remind_batch(self, ledger: Ledger, owners: list[store.DueOwner]) -> BatchCounts:
-        session = self._session()
-        try:
-            outcome = ledger.claim(owners)
-        except DatabaseErrors:
-            using = self.scope.using
-            if self._lost(session):
-                lost = ConnectionLostError("database connection lost")
-                self._fail_owners(owners, classify_on(lost, using))
-                raise lost from None
-            log_event(logger, logging.WARNING, "batch failed, retrying owner by owner",
-                      run_id=self.result.run_id, owners=len(owners), exc_info=True)
-            return self._retry_owner_by_owner(ledger, owners)
-        return self._account(ledger, outcome)
+    def _settle(self, ledger: Ledger, outcome: ClaimOutcome) -> BatchCounts:
+        """A batch's outcome counted: committed, accounted; rolled back, retried owner by owner
+        on the cycle's connection; its connection lost, or the cycle's failed meanwhile, its
+        owners failed (no retry)."""
+        if not isinstance(outcome.result, Exception):
+            return self._account(ledger, outcome.result)
+        error = outcome.result
+        if outcome.connection_lost:
+            return self._fail_owners(outcome.owners, self._classify(self._lose(error)))
+        if self._failure is not None:
+            return self._fail_owners(outcome.owners, self._classify(error))
+        log_event(logger, logging.WARNING, "batch failed, retrying owner by owner",
+                  run_id=self.result.run_id, owners=len(outcome.owners), exc_info=error)
+        return self._retry_owner_by_owner(ledger, outcome.owners)
 
     def _retry_owner_by_owner(self, ledger: Ledger, owners: list[store.DueOwner]) -> BatchCounts:
-        """A failed batch's owners, each in its own transaction on this thread's connection."""
-        using = self.scope.using
+        """A failed batch's owners, each in its own transaction on the cycle's connection, until
+        that is lost."""
         counts = BatchCounts()
         for owner in owners:
-            session = self._session()
-            try:
-                counts += self._account(ledger, ledger.claim([owner]))
-            except DatabaseErrors as exc:
-                counts += self._fail_owners([owner], classify_on(exc, using))
-                if self._lost(session):
-                    raise ConnectionLostError("database connection lost") from None
+            outcome = self._here.claim(ledger.claim, [owner])
+            if not isinstance(outcome.result, Exception):
+                counts += self._account(ledger, outcome.result)
+                continue
+            counts += self._fail_owners([owner], self._classify(outcome.result))
+            if outcome.connection_lost:
+                self._lose(outcome.result)
+                break
         return counts
+
+    def _lose(self, cause: Exception) -> ConnectionLostError:
+        """A claim's connection was lost: the cycle fails with it once the batch in flight is
+        settled (the first failure stands)."""
+        lost = ConnectionLostError.after(cause)
+        self._failure = self._failure or lost
+        return lost
+
+    def _classify(self, error: BaseException) -> DatabaseFailure:
+        return classify_on(error, self.scope.using)
 
     def _account(self, ledger: Ledger, outcome: store.BatchClaim) -> BatchCounts:
         """Count a committed batch, and log its reminders now that they are durable."""

@@ -19,7 +19,7 @@ from django.db import connections, transaction
 
 from core.db import DatabaseErrors, connection_alive
 from core.logs import log_event
-from reminders import plan, retention, rules, store
+from reminders import dry_run, retention, rules, store
 from reminders.config import ReminderSettings
 from reminders.models import SUCCESSFUL_STATUSES
 from reminders.result import CycleResult
@@ -131,7 +131,7 @@ class Writes:
 
 class DryRun:
     """`--dry-run`: what the cycle would claim and prune, decided by `rules.decide` in Python
-    (`reminders.plan`); no run is recorded and nothing is written."""
+    (`reminders.dry_run`); no run is recorded and nothing is written."""
 
     reminder_event = "reminder due"
 
@@ -143,7 +143,7 @@ class DryRun:
 
     def claim(self, owners: list[store.DueOwner]) -> store.BatchClaim:
         scope = self.scope
-        return plan.plan_batch(
+        return dry_run.claim_batch(
             scope.using, [owner.owner_user_id for owner in owners], scope.window,
             scope.settings.thresholds, scope.as_of_date,
             max_documents_per_event=scope.max_documents_per_event)

@@ -10,8 +10,8 @@ on from OTEL_*.
 """
 
 import threading
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager, ExitStack, contextmanager
+from collections.abc import Mapping
+from contextlib import ExitStack
 from typing import Any
 
 from opentelemetry import propagate, trace
@@ -24,7 +24,7 @@ from reminders.config import ReminderSettings
 from reminders.cycle import Cycle
 from reminders.health import LoopHealth
 from reminders.models import SUCCESSFUL_STATUSES, ReminderRun
-from reminders.result import BatchCounts, CycleObserver, CycleResult, CycleStart
+from reminders.result import BatchDone, CycleObserver, CycleResult, CycleStart
 
 TRACER_NAME = "pin_profile.reminders"
 CYCLE_SPAN = "document_expiry_reminder.cycle"
@@ -68,7 +68,6 @@ class TracingObserver(CycleObserver):
     def __init__(self, tracer: Tracer | None = None) -> None:
         self.tracer = tracer or trace.get_tracer(TRACER_NAME)
         self._span: Span | None = None
-        self._batch_spans: list[Span] = []  # the batches open, innermost last
         self._run_id = ""
         self._scope = ExitStack()
 
@@ -88,33 +87,23 @@ class TracingObserver(CycleObserver):
         propagate.inject(carrier)  # nothing when tracing is off: no traceparent header
         return carrier
 
-    @contextmanager
-    def _batch(self, owners: int, lane: int) -> Iterator[Span]:
-        # Counts only, no owner ids: the logs' `reminder queued` lines already name them.
-        attributes: Attributes = {"correlation_id": self._run_id,
-                                  "reminders.batch.owners": owners, "reminders.batch.lane": lane}
+    def batch_done(self, batch: BatchDone) -> None:
         # A child of the cycle's span, never of another batch's: batches on the two claim
-        # connections overlap (docs/design.md §5).
+        # connections overlap (docs/design.md §5). Counts only, no owner ids: the logs'
+        # `reminder queued` lines already name them.
+        counts = batch.counts
+        attributes: Attributes = {
+            "correlation_id": self._run_id,
+            "reminders.batch.owners": batch.owners,
+            "reminders.batch.lane": batch.connection,  # the claim connection, by this name
+            "reminders.batch.documents": counts.documents,
+            "reminders.batch.reminders_sent": counts.reminders_sent,
+            "reminders.batch.owners_notified": counts.owners_notified,
+            "reminders.batch.failed_owners": counts.failed_owners,
+        }
         parent = trace.set_span_in_context(self._span) if self._span is not None else None
-        with self.tracer.start_as_current_span(BATCH_SPAN, context=parent,
-                                               attributes=attributes) as span:
-            self._batch_spans.append(span)
-            try:
-                yield span
-            finally:
-                self._batch_spans.remove(span)
-
-    def batch(self, owners: int, *, lane: int = 0) -> AbstractContextManager[object]:
-        return self._batch(owners, lane)
-
-    def batch_done(self, counts: BatchCounts) -> None:
-        if self._batch_spans:
-            self._batch_spans[-1].set_attributes({
-                "reminders.batch.documents": counts.documents,
-                "reminders.batch.reminders_sent": counts.reminders_sent,
-                "reminders.batch.owners_notified": counts.owners_notified,
-                "reminders.batch.failed_owners": counts.failed_owners,
-            })
+        self.tracer.start_span(BATCH_SPAN, context=parent, attributes=attributes,
+                               start_time=batch.started_ns or None).end()
 
     def cycle_finished(self, result: CycleResult) -> None:
         if self._span is not None:
@@ -149,19 +138,9 @@ class Observers(CycleObserver):
             headers.update(observer.cycle_started(cycle))
         return headers
 
-    @contextmanager
-    def _batches(self, owners: int, lane: int) -> Iterator[None]:
-        with ExitStack() as stack:
-            for observer in self.observers:
-                stack.enter_context(observer.batch(owners, lane=lane))
-            yield
-
-    def batch(self, owners: int, *, lane: int = 0) -> AbstractContextManager[object]:
-        return self._batches(owners, lane)
-
-    def batch_done(self, counts: BatchCounts) -> None:
+    def batch_done(self, batch: BatchDone) -> None:
         for observer in self.observers:
-            observer.batch_done(counts)
+            observer.batch_done(batch)
 
     def cycle_finished(self, result: CycleResult) -> None:
         for observer in reversed(self.observers):

@@ -4,7 +4,6 @@ ended), and the observers that watch it (`reminders.observe`), told in plain val
 import uuid
 from collections import Counter
 from collections.abc import Mapping
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -117,6 +116,18 @@ class BatchCounts:
                            self.failed_owners + other.failed_owners)
 
 
+@dataclass(frozen=True, slots=True)
+class BatchDone:
+    """A batch settled, as its observers see it: how many owners it held, what it did, the
+    connection it was claimed on (0: the cycle's, 1: the second claim connection) and when its
+    claim began (`time.time_ns()`; it ends when its observers are told)."""
+
+    owners: int
+    counts: BatchCounts
+    connection: int = 0
+    started_ns: int = 0
+
+
 class CycleObserver:
     """Watches a cycle from outside (metrics, tracing, health: `reminders.observe`). Every
     method does nothing here: an observer overrides the ones it needs."""
@@ -125,15 +136,9 @@ class CycleObserver:
         """The cycle begins; the headers to add to each of its events (a trace context)."""
         return {}
 
-    def batch(self, owners: int, *, lane: int = 0) -> AbstractContextManager[object]:
-        """Wraps one batch of `owners` owners, claimed on connection `lane` (0: the cycle's,
-        1: the second claim connection), from its claim's start to its counts. With two
-        connections batches overlap, always nested: a batch sent to the second connection is
-        wrapped first and closed last, around the batch claimed meanwhile on the cycle's."""
-        return nullcontext()
-
-    def batch_done(self, counts: BatchCounts) -> None:
-        """The innermost batch wrapped is done (inside `batch`; not called if it raised)."""
+    def batch_done(self, batch: BatchDone) -> None:
+        """A batch is settled: counted, retried owner by owner, or its owners failed. With two
+        claim connections batches overlap; each one's values say which it was."""
 
     def cycle_finished(self, result: CycleResult) -> None:
         """The cycle ended (its status says how; still `running` if an error escaped it)."""

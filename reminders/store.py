@@ -186,7 +186,7 @@ def holds_sessions(using: str) -> bool:
 
 def tune_claim_session(using: str) -> None:
     """This thread's session of the alias tuned for the claims (the cycle's, in `due_owners`,
-    and a second claim connection's, `reminders.lane`), where the alias keeps its session:
+    and a second claim connection's, `reminders.claim_connections`), where the alias keeps its session:
     behind a transaction pooler a session setting would reach the server connection's next
     client (`tune_transaction` tunes each page's transaction there)."""
     if holds_sessions(using):

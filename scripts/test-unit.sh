@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The one-minute inner loop: the pure tests (tests/unit) with no database, broker or browser
-# set up, then ruff on the whole tree. Extra arguments go to pytest, e.g. scripts/test-unit.sh
-# -k rules. The whole suite and every check stay scripts/test.sh (and CI).
+# The one-minute inner loop: the pure tests (tests/unit; the cycle runs over
+# tests/support/memory_ledger.py) with no database, broker or browser set up, then ruff on the
+# whole tree. Extra arguments go to pytest, e.g. scripts/test-unit.sh -k rules. The whole
+# suite and every check stay scripts/test.sh (and CI).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/venv.sh

@@ -1,30 +1,22 @@
-"""Shared fixtures: a real PostgreSQL test database with the documents table and the
-least-privilege roles, and helpers to create documents and run cycles as the worker role."""
+"""Shared fixtures and hooks: a real PostgreSQL test database with the documents table and the
+least-privilege roles, documents made in it, cycles run as the worker role, and the clock under
+test. The helpers are tests/support's (`db_roles`, `processes`, `faketime`, `factories`)."""
 
 import os
-import sys
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
-from datetime import UTC, datetime, time, timedelta
-from pathlib import Path
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from django.db import connection
 
 from core.db import apply_sql_file
-from core.roles import ROLES_SQL, WORKER_ROLE
+from core.roles import ROLES_SQL
 from devtools.demo_data import PERSON_DOCUMENTS_SQL
-from reminders.config import ReminderSettings
-from reminders.cycle import run_cycle
-from reminders.result import CycleResult
 from tests.support import workers
-from tests.support.contract import assert_outbox_matches_contract
-from tests.support.db_roles import as_role
-from tests.support.factories import DocumentFactory, Documents, insert_documents, make_document
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.db_roles import CycleRunner, run_cycle_as_worker
+from tests.support.factories import DocumentFactory, Documents, make_document
+from tests.support.faketime import CLOCK_AT, clock_target
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -53,81 +45,17 @@ def _truncate_documents() -> None:
 
 @pytest.fixture
 def documents(transactional_db: None) -> Iterator[Documents]:
-    """Create documents (committed, visible to every connection); emptied after the test."""
+    """Create documents (committed, visible to every connection); emptied after the test. A
+    test that writes outbox rows checks them itself (`assert_outbox_matches_contract`)."""
     DocumentFactory.reset_sequence()
     yield make_document
-    assert_outbox_matches_contract()
     _truncate_documents()
-
-
-def as_worker() -> AbstractContextManager[None]:
-    """Run the block's queries as the worker's least-privilege role."""
-    return as_role(WORKER_ROLE)
-
-
-CycleRunner = Callable[..., CycleResult]
 
 
 @pytest.fixture
 def run(documents: Documents) -> CycleRunner:
     """run(as_of, **settings or Cycle options): one cycle as the worker role."""
-
-    def _run(as_of: datetime, **options: Any) -> CycleResult:
-        settings_fields = set(ReminderSettings.__dataclass_fields__)
-        settings = ReminderSettings().with_overrides(
-            **{k: v for k, v in options.items() if k in settings_fields}
-        )
-        cycle_options = {k: v for k, v in options.items() if k not in settings_fields}
-        with as_worker():
-            return run_cycle(settings, as_of=as_of, **cycle_options)
-
-    return _run
-
-
-def test_database_url(role: str | None = None) -> str:
-    """A URL to the test database, as `role` (default: the configured user)."""
-    settings = connection.settings_dict
-    user = role or settings["USER"]
-    return (f"postgres://{user}@{settings['HOST'] or '127.0.0.1'}:{settings['PORT'] or 5432}"
-            f"/{settings['NAME']}")
-
-
-test_database_url.__test__ = False  # type: ignore[attr-defined]
-
-
-def command_env(role: str = WORKER_ROLE, **extra: str) -> dict[str, str]:
-    """Environment for a `manage.py` subprocess on the test database as `role`."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("REMINDER_")}
-    env.update(DATABASE_URL=test_database_url(role), LOG_FORMAT="json",
-               PYTHONUNBUFFERED="1", **extra)
-    return env
-
-
-def manage_py() -> list[str]:
-    return [sys.executable, str(ROOT / "manage.py")]
-
-
-def new_uuid() -> uuid.UUID:
-    return uuid.uuid4()
-
-
-__all__ = ["CycleRunner", "command_env", "insert_documents", "manage_py", "new_uuid"]
-
-# --- the clock under test (issue 10) ------------------------------------------------------
-
-CLOCK_AT = "TEST_CLOCK_AT"
-
-
-def clock_target(spec: str, real_now: datetime) -> datetime:
-    """TEST_CLOCK_AT's instant: an ISO instant in UTC, or a UTC time of day meaning its latest
-    occurrence at or before `real_now`."""
-    if len(spec) <= len("HH:MM:SS.ffffff") and "T" not in spec:
-        at = datetime.combine(real_now.date(), time.fromisoformat(spec), tzinfo=UTC)
-        return at if at <= real_now else at - timedelta(days=1)
-    instant = datetime.fromisoformat(spec)
-    if instant.tzinfo is None:
-        raise ValueError(f"{CLOCK_AT}={spec!r}: give the instant in UTC (a Z suffix)")
-    return instant.astimezone(UTC)
+    return run_cycle_as_worker
 
 
 @pytest.fixture(autouse=True)
@@ -163,7 +91,7 @@ pytest_plugins = ["tests.support.relay_support", "tests.support.tansu_support",
                   "tests.support.kafka_support"]
 
 
-# --- chaos scenarios (issue 7): what each one tried, in the session summary ---------------
+# --- chaos scenarios: what each one tried, in the session summary -----------------------
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:

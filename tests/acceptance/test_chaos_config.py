@@ -7,12 +7,12 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from tests.conftest import command_env, manage_py
 from tests.support import chaos_report
 from tests.support.chaos import scalar
 from tests.support.factories import Documents
 from tests.support.invariants import documents_md5
 from tests.support.ledger import day, expiring_in
+from tests.support.processes import command_env, manage_py
 
 TOO_BIG = "99999999999999999999"
 BAD_VALUES: dict[str, list[str]] = {

@@ -16,6 +16,7 @@ import pytest
 from reminders.config import DEFAULT_THRESHOLDS
 from tests.support import chaos_report
 from tests.support.chaos import Worker, iso, load_spread_documents, outbox_count, wait_until
+from tests.support.contract import assert_outbox_matches_contract
 from tests.support.factories import Documents
 from tests.support.invariants import (
     check_invariants,
@@ -109,3 +110,4 @@ def test_sigkill_at_random_moments_leaves_no_half_written_owner(documents: Docum
     # Each mid-cycle kill landed after the killed run committed owners and before the day was done.
     assert all(b < a < owners_total for b, a in mid_cycle), (mid_cycle, owners_total)
     assert days_forgotten == DAYS - 1
+    assert_outbox_matches_contract()

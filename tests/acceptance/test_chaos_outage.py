@@ -12,6 +12,7 @@ from reminders.config import DEFAULT_THRESHOLDS
 from tests.support import chaos_report
 from tests.support.chaos import Worker, iso, load_spread_documents, outbox_count, scalar, wait_until
 from tests.support.chaos_proxy import Proxy, refused_port
+from tests.support.contract import assert_outbox_matches_contract
 from tests.support.factories import Documents
 from tests.support.invariants import (
     check_invariants,
@@ -109,6 +110,7 @@ def test_loop_waits_out_a_database_outage_with_backoff_and_carries_on(
         histories=histories,
         retry_in_s=[r["retry_in_s"] for r in all_retries], cycles=statuses,
         connections_through_proxy=proxy.connections, **tally(snapshot()))
+    assert_outbox_matches_contract()
 
 
 @pytest.mark.slow
@@ -141,3 +143,4 @@ def test_sigterm_during_a_cycle_exits_0_and_the_next_run_finishes_the_day(
         owners_done_before_stop=counts.get("done", 0), owners_total=len(done.events),
         half_written_owners=counts["half_written"], **tally(snap, done))
     check_invariants(documents_before=before, model=done, snap=snap)
+    assert_outbox_matches_contract()

@@ -9,6 +9,7 @@ from django.db import connection
 from reminders.config import DEFAULT_THRESHOLDS
 from tests.support import chaos_report
 from tests.support.chaos import Worker, cycles_start_together, iso, load_spread_documents
+from tests.support.contract import assert_outbox_matches_contract
 from tests.support.factories import Documents
 from tests.support.invariants import check_invariants, documents_md5, snapshot, tally
 from tests.support.ledger import day
@@ -51,6 +52,7 @@ def test_four_workers_racing_on_the_same_documents_remind_each_once(
         runs=WORKERS * len(DAYS), events=events, reminders=reminders,
         owners_won_per_worker_per_day=split_per_day,
         winners_on_the_racing_day=sum(1 for n in split_per_day[0] if n), **figures)
+    assert_outbox_matches_contract()
 
 
 RENEWED_DOCUMENTS = 2_000
@@ -109,3 +111,4 @@ def test_four_workers_racing_on_renewed_documents_rearm_each_marker_once(
         "races on renewed documents", workers=WORKERS, documents=loaded, renewed=renewed,
         markers_before=marked_before, markers_rearmed=model.rearmed, rearmed_per_worker=rearmed,
         events=len(model.events), **tally(snapshot(), model))
+    assert_outbox_matches_contract()

@@ -20,12 +20,14 @@ from core.roles import RELAY_ROLE
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.read_topic import read_topic
 from reminders.config import DEFAULT_THRESHOLDS
-from tests.conftest import command_env, manage_py, test_database_url
 from tests.support import chaos_report
 from tests.support.chaos import Worker, iso, load_spread_documents, outbox_count, scalar, wait_until
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import test_database_url
 from tests.support.factories import Documents
 from tests.support.invariants import check_invariants, documents_md5, snapshot, tally
 from tests.support.ledger import day
+from tests.support.processes import command_env, manage_py
 from tests.support.reference import ReferenceLedger, documents_from_database
 from tests.support.relay_support import HOLD_LOCK, first_seen_order, marking_held
 
@@ -166,6 +168,7 @@ def test_workers_and_relays_racing_through_a_broker_outage_and_a_sigterm_lose_no
     for record in records:
         assert record.json() == rows[record.message_id][1]
     assert seen_order == expected_order
+    assert_outbox_matches_contract()
 
 
 def outbox_rows() -> dict[str, tuple[str, object]]:

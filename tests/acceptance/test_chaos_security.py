@@ -15,9 +15,10 @@ from psycopg import errors
 from core.roles import WORKER_ROLE
 from devtools.demo_data import PersonDocument
 from tests.acceptance.test_relay_process import relay_env, run_relay
-from tests.conftest import test_database_url
 from tests.support import chaos_report
 from tests.support.chaos import Worker, iso
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import test_database_url
 from tests.support.factories import Documents, insert_documents
 from tests.support.invariants import check_invariants, documents_md5
 from tests.support.ledger import day
@@ -71,6 +72,7 @@ def test_worker_role_cannot_read_the_cipher_or_write_documents_yet_a_cycle_succe
                         cycle_exit_code=code, reminders=model.reminders(),
                         documents_unchanged=unchanged)
     check_invariants(documents_before=before, model=model)
+    assert_outbox_matches_contract()
 
 
 def test_a_full_run_at_debug_logs_no_mask_payload_or_cipher(documents: Documents) -> None:
@@ -113,6 +115,7 @@ def test_a_full_run_at_debug_logs_no_mask_payload_or_cipher(documents: Documents
                         secrets_checked=checked, leaks=len(leaks))
     assert leaks == []
     assert "payload_cipher" not in everything and "numberMask" not in everything
+    assert_outbox_matches_contract()
 
 
 def test_the_relay_never_shows_the_sasl_password_or_the_key_password(

@@ -12,13 +12,13 @@ import pytest
 from django.db import connection
 
 from devtools.demo_data import PersonDocument
-from tests.conftest import command_env
 from tests.support.chaos import cycles_start_together
 from tests.support.chaos_proxy import refused_port
+from tests.support.contract import assert_outbox_matches_contract
 from tests.support.factories import Documents, insert_documents
 from tests.support.faketime import skewed_env
 from tests.support.ledger import events, expiring_in, markers, real_today, run_statuses
-from tests.support.processes import Command, run_command
+from tests.support.processes import Command, command_env, run_command
 
 AS_OF_ARG = "2026-11-29T03:00:00Z"
 
@@ -62,6 +62,7 @@ def test_one_cycle_prints_its_summary(documents: Documents) -> None:
     assert "reminders sent           2" in done.stdout
     assert "threshold   7 days       1" in done.stdout
     assert run_statuses() == ["succeeded"]
+    assert_outbox_matches_contract()
 
 
 def test_each_batch_is_logged_at_the_default_level_with_its_owners_and_documents(
@@ -80,6 +81,7 @@ def test_each_batch_is_logged_at_the_default_level_with_its_owners_and_documents
     batches = [line for line in lines if line["event"] == "batch selected"]
     assert [(b["level"], b["owners"], b["documents"]) for b in batches] == [
         ("info", 1, 1), ("info", 1, 2), ("info", 1, 1)]
+    assert_outbox_matches_contract()
 
 
 def test_dry_run_prints_what_it_would_remind_and_writes_nothing(documents: Documents) -> None:
@@ -152,6 +154,7 @@ def test_prune_command(documents: Documents) -> None:
     assert "would prune 4 marker(s)" in dry.stdout
     assert "pruned 4 marker(s)" in real.stdout
     assert markers() == set()
+    assert_outbox_matches_contract()
 
 
 def test_a_timed_out_cycle_still_prunes(documents: Documents) -> None:
@@ -171,6 +174,7 @@ def test_a_timed_out_cycle_still_prunes(documents: Documents) -> None:
         cursor.execute("select status, pruned from document_expiry_reminder_runs"
                        " order by started_at desc limit 1")
         assert cursor.fetchone() == ("timed_out", 4)
+    assert_outbox_matches_contract()
 
 
 def test_sigterm_mid_cycle_exits_0_and_leaves_no_owner_half_written(documents: Documents) -> None:
@@ -190,6 +194,7 @@ def test_sigterm_mid_cycle_exits_0_and_leaves_no_owner_half_written(documents: D
     assert again.returncode == 0
     assert len(events()) == 1500
     _assert_owners_whole()
+    assert_outbox_matches_contract()
 
 
 def test_parallel_instances_write_one_marker_and_one_event_per_document(
@@ -216,6 +221,7 @@ def test_parallel_instances_write_one_marker_and_one_event_per_document(
                        " from document_expiry_reminder_runs")
         assert cursor.fetchone() == (True, 4)
     assert sum(1 for n in sent if n) >= 2, sent
+    assert_outbox_matches_contract()
 
 
 @pytest.mark.real_clock
@@ -236,6 +242,7 @@ def test_loop_runs_a_missed_cycle_at_once_then_sleeps_until_sigterm(documents: D
     assert code == 0, stderr
     assert run_statuses() == ["succeeded"] and len(events()) == 1
     assert "loop stopped" in stderr
+    assert_outbox_matches_contract()
 
 
 def test_loop_survives_an_unreachable_database_with_backoff() -> None:

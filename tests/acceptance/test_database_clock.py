@@ -11,9 +11,8 @@ from datetime import timedelta
 
 import pytest
 
-from tests.conftest import command_env
 from tests.support.faketime import skewed_env
-from tests.support.processes import run_command
+from tests.support.processes import command_env, run_command
 from tests.support.run_history import insert_run, run_states
 
 SKEWS = {

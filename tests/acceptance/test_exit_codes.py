@@ -20,9 +20,9 @@ from django.db import connection
 from core import build
 from core.exit_codes import MEANINGS, ExitCode
 from core.roles import ADMIN_WEB_ROLE, AUDITOR_ROLE, RELAY_ROLE, WORKER_ROLE
-from tests.conftest import ROOT, command_env, test_database_url
 from tests.support.chaos_proxy import refused_port
-from tests.support.processes import run_command
+from tests.support.db_roles import test_database_url
+from tests.support.processes import ROOT, command_env, run_command
 
 SUPERUSER = None  # the test cluster's configured user
 

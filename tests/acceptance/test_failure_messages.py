@@ -11,11 +11,11 @@ from django.db import connection
 
 from core.db import apply_sql_file
 from core.roles import RELAY_ROLE, ROLES_SQL, WORKER_ROLE
-from tests.conftest import command_env, test_database_url
 from tests.support.chaos_proxy import refused_port
+from tests.support.db_roles import test_database_url
 from tests.support.factories import Documents
 from tests.support.ledger import expiring_in
-from tests.support.processes import run_command
+from tests.support.processes import command_env, run_command
 
 AS_OF_ARG = "2026-11-29T03:00:00Z"
 SECRET = "n0t-Shown-pa55"  # noqa: S105 - a test password that must not show

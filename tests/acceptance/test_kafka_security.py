@@ -14,8 +14,8 @@ from core.config import ConfigError
 from outbox import kafka
 from outbox.config import PROTOCOLS, KafkaSecurity, load_relay_settings
 from tests.acceptance.test_relay_process import relay_env, run_relay, start_relay
-from tests.conftest import manage_py
 from tests.support import chaos_report
+from tests.support.processes import manage_py
 from tests.support.relay_support import BASE_TIME, insert_outbox, interleaved_rows, outbox_state
 from tests.support.tansu_support import Certificates, TansuBroker, TlsFront, reserve_port
 

@@ -30,6 +30,7 @@ from tests.acceptance.test_relay_process import relay_env, run_relay
 from tests.support.admin_data import finished_run, ledger_rows, staff_viewer
 from tests.support.chaos import Worker, load_spread_documents
 from tests.support.clusters import free_port
+from tests.support.contract import assert_outbox_matches_contract
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF
 from tests.support.relay_support import (
@@ -183,6 +184,7 @@ def test_behind_a_pooler_by_transaction_the_worker_completes_its_cycle_by_pages(
     with connection.cursor() as cursor:  # one event an owner, none read twice
         cursor.execute("select count(*), count(distinct message_key) from outbox_messages")
         assert cursor.fetchone() == (owners, owners)
+    assert_outbox_matches_contract()
 
 
 def _written() -> tuple[int, int, int]:

@@ -14,10 +14,10 @@ from django.db import connection
 from core.roles import RELAY_ROLE
 from devtools.demo_data import PersonDocument
 from devtools.mock_kafka import MockKafkaCluster
-from tests.conftest import command_env
+from tests.support.contract import assert_outbox_matches_contract
 from tests.support.factories import Documents, insert_documents
 from tests.support.ledger import expiring_in
-from tests.support.processes import run_command
+from tests.support.processes import command_env, run_command
 from tests.support.relay_support import BASE_TIME, insert_outbox
 from tests.support.terminal import BAR, BAR_CHARACTERS, TerminalRun, run_in_terminal
 
@@ -78,6 +78,7 @@ def test_a_cycle_on_a_terminal_shows_a_bar_with_the_log_lines_above_it(
 
     _assert_bar_above_whole_log_lines(run, "due documents", OWNERS, "reminder queued", OWNERS)
     assert "reminders sent           30" in run.output
+    assert_outbox_matches_contract()
 
 
 def test_a_cycle_without_a_terminal_writes_json_lines_and_no_bar(documents: Documents) -> None:
@@ -89,6 +90,7 @@ def test_a_cycle_without_a_terminal_writes_json_lines_and_no_bar(documents: Docu
     assert done.returncode == 0, done.stderr
     _assert_no_bar_and_only_json(done.stderr)
     assert done.stderr.count('"event":"reminder queued"') == OWNERS
+    assert_outbox_matches_contract()
 
 
 def _expired_markers(count: int, expired_on: date) -> None:

@@ -9,9 +9,8 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 from django.db import connection
 
-from tests.conftest import command_env
 from tests.support.faketime import skewed_env
-from tests.support.processes import run_command
+from tests.support.processes import command_env, run_command
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

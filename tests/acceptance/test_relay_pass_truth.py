@@ -10,7 +10,7 @@ import pytest
 from devtools.mock_kafka import MockKafkaCluster
 from tests.acceptance.test_kafka_security import assert_refused_in_one_line, tls_env
 from tests.acceptance.test_relay_process import relay_env, run_relay
-from tests.conftest import test_database_url
+from tests.support.db_roles import test_database_url
 from tests.support.relay_support import BASE_TIME, insert_outbox, unpublished_count
 from tests.support.tansu_support import Certificates, TansuBroker
 

@@ -16,9 +16,9 @@ from django.db import connection
 from core.roles import RELAY_ROLE
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.read_topic import read_topic
-from tests.conftest import command_env, manage_py
 from tests.support.mock_controls import set_partition_leader
 from tests.support.partitioner import keys_on
+from tests.support.processes import command_env, manage_py
 from tests.support.relay_support import (
     BASE_TIME,
     TOPIC,

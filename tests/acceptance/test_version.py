@@ -5,7 +5,7 @@ import os
 import subprocess
 import tomllib
 
-from tests.conftest import ROOT, manage_py
+from tests.support.processes import ROOT, manage_py
 
 
 def version_line(**env: str) -> str:

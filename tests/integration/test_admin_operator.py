@@ -19,8 +19,9 @@ from outbox.admin import backlog_card
 from outbox.models import OutboxMessage
 from reminders.admin import run_events_url, run_markers_url
 from reminders.models import DocumentExpiryReminder, ReminderRun
-from tests.conftest import CycleRunner
 from tests.support.admin_data import bulk_ledger, finished_run, ledger_rows, outbox_message
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, expiring_in
 
@@ -70,6 +71,7 @@ def test_run_links_list_exactly_its_markers_and_its_events(
         events = admin_client.get(run_events_url(each)).context["cl"].result_list
         assert {m.headers["correlation_id"] for m in events} == {str(each.run_id)}
         assert len(events) == each.owners_notified
+    assert_outbox_matches_contract()
 
 
 def test_runs_list_shows_status_colours_error_and_failed_owners(admin_client: Client) -> None:

@@ -17,9 +17,8 @@ from core.roles import ADMIN_WEB_ROLE
 from outbox import store as outbox_store
 from outbox.models import OutboxMessage
 from reminders.overview import overview_context
-from tests.conftest import test_database_url
 from tests.support.admin_data import ledger_rows, outbox_message
-from tests.support.db_roles import as_role
+from tests.support.db_roles import as_role, test_database_url
 from tests.support.factories import Documents
 from tests.support.invariants import documents_md5
 from tests.support.ledger import expiring_in

@@ -20,9 +20,11 @@ from core.login_throttle import LOGIN_THROTTLE
 from outbox.models import OutboxMessage
 from reminders.models import DocumentExpiryReminder, ReminderRun
 from reminders.viewers import ensure_viewers_group
-from tests.conftest import ROOT, CycleRunner
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, expiring_in
+from tests.support.processes import ROOT
 
 PASSWORD = "a long test password"  # noqa: S105 - a test user's
 
@@ -55,6 +57,7 @@ def test_no_admin_page_shows_a_document_payload(
         assert cipher.decode() not in everything
         assert cipher.hex() not in everything
     assert not re.search(r"person[ _]?documents?", everything, re.IGNORECASE)
+    assert_outbox_matches_contract()
 
 
 def _viewer(name: str, *permissions: str) -> User:
@@ -83,6 +86,7 @@ def test_number_masks_are_hidden_from_viewers_without_the_permission(
     assert "45 ** ****77" not in hidden.content.decode()
     assert "(hidden: needs outbox.view_number_masks)" in hidden.content.decode()
     assert "45 ** ****77" in shown.content.decode()
+    assert_outbox_matches_contract()
 
 
 @pytest.mark.parametrize(("query", "status"), [

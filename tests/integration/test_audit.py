@@ -25,12 +25,12 @@ from outbox.relay import Relay
 from reminders import events
 from tests.acceptance.test_kafka_security import tls_env
 from tests.acceptance.test_relay_process import run_relay
-from tests.conftest import CycleRunner, command_env
-from tests.support.db_roles import as_role
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import CycleRunner, as_role
 from tests.support.exported_metrics import scrape_process
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, day, expiring_in
-from tests.support.processes import run_command
+from tests.support.processes import command_env, run_command
 from tests.support.relay_support import as_relay, insert_outbox, relay_settings
 from tests.support.tansu_support import Certificates, TansuBroker
 
@@ -125,6 +125,7 @@ def test_a_clean_database_and_topic_have_no_findings(
     assert ledger == {"runs": 1, "events": 5, "event_items": 6, "notified_markers": 6}
     assert report.check("topic").examined["records"] == 5
     assert report.check("left_behind").examined == {"due_unmarked": 0, "changed_since": 0}
+    assert_outbox_matches_contract()
 
 
 def test_a_deleted_event_leaves_its_markers_without_an_event(
@@ -139,6 +140,7 @@ def test_a_deleted_event_leaves_its_markers_without_an_event(
 
     assert found(report) == {"marker_without_event": 1}
     assert ids(report, "marker_without_event", "document") == {str(victim.id)}
+    assert_outbox_matches_contract()
 
 
 def test_a_deleted_marker_leaves_its_event_without_a_marker_and_the_document_due(
@@ -154,6 +156,7 @@ def test_a_deleted_marker_leaves_its_event_without_a_marker_and_the_document_due
     assert found(report) == {"event_without_marker": 1, "left_behind": 1}
     assert ids(report, "event_without_marker", "document") == {str(victim.id)}
     assert ids(report, "left_behind", "document") == {str(victim.id)}
+    assert_outbox_matches_contract()
 
 
 def test_a_second_run_that_notifies_again_is_a_duplicate(
@@ -175,6 +178,7 @@ def test_a_second_run_that_notifies_again_is_a_duplicate(
     assert ids(report, "notified_twice", "document") == {str(victim.id)}
     # a reminder of its own (a new id), not the one the outbox held: not already queued
     assert noted(report) == {} and owners_already_queued() == 0
+    assert_outbox_matches_contract()
 
 
 def test_a_whole_reminder_claimed_again_after_its_markers_were_lost_is_already_queued(
@@ -201,6 +205,7 @@ def test_a_whole_reminder_claimed_again_after_its_markers_were_lost_is_already_q
         (str(again.run_id), str(first.run_id), queued[owner]) for owner in lost}
     assert report.findings == 0 and "audit found nothing in 5 of 6 checks" in report.verdict
     assert "already_queued: 2 (noted): " in render_text(report)
+    assert_outbox_matches_contract()
 
 
 def test_an_audit_before_the_run_that_queued_a_reminder_again_finds_nothing_either(
@@ -218,6 +223,7 @@ def test_an_audit_before_the_run_that_queued_a_reminder_again_finds_nothing_eith
     report = audit(as_of=before_it)
 
     assert (found(report), noted(report)) == ({}, {}), report.as_dict()
+    assert_outbox_matches_contract()
 
 
 def test_a_due_document_an_unfinished_cycle_left_unmarked_is_left_behind(
@@ -242,6 +248,7 @@ def test_a_due_document_an_unfinished_cycle_left_unmarked_is_left_behind(
     assert found(report) == {"left_behind": 1}
     assert ids(report, "left_behind", "document") == {str(victim.id)}
     assert report.check("left_behind").examined == {"due_unmarked": 1, "changed_since": 1}
+    assert_outbox_matches_contract()
 
 
 def test_left_behind_is_not_checked_without_a_succeeded_loop_cycle(
@@ -251,6 +258,7 @@ def test_left_behind_is_not_checked_without_a_succeeded_loop_cycle(
     run(AS_OF)  # a manual run
 
     assert audit().check("left_behind").status is Status.NOT_CHECKED
+    assert_outbox_matches_contract()
 
 
 def test_an_event_that_waited_past_the_bound_is_found(
@@ -270,6 +278,7 @@ def test_an_event_that_waited_past_the_bound_is_found(
     publish(tansu)
     assert found(audit()) == {"waited_too_long": 1}
     assert found(audit(max_wait=timedelta(hours=31))) == {}
+    assert_outbox_matches_contract()
 
 
 @pytest.mark.slow
@@ -331,6 +340,7 @@ def test_events_the_table_says_published_but_never_sent_are_missing_from_the_top
                                     " headers ->> 'correlation_id' = %s", (str(later.run_id),))}
     assert found(report) == {"missing_from_topic": len(never_sent)}
     assert ids(report, "missing_from_topic", "event") == never_sent
+    assert_outbox_matches_contract()
 
 
 @pytest.mark.slow
@@ -346,6 +356,7 @@ def test_a_topic_recreated_empty_misses_every_event(
     report = audit(topic=tansu)
 
     assert found(report) == {"missing_from_topic": 5}
+    assert_outbox_matches_contract()
 
 
 @pytest.mark.slow
@@ -381,6 +392,7 @@ def test_records_on_the_topic_the_table_does_not_hold_and_duplicates_and_disorde
     assert ids(report, "unknown_on_topic", "event") == {stranger}
     assert ids(report, "duplicated_on_topic", "event") == {second_id}
     assert ids(report, "out_of_order", "key") == {owner}
+    assert_outbox_matches_contract()
 
 
 @pytest.mark.slow
@@ -396,6 +408,7 @@ def test_a_position_moved_back_duplicates_every_event_on_the_topic(
     publish(tansu)
 
     assert found(audit(topic=tansu)) == {"duplicated_on_topic": 5}
+    assert_outbox_matches_contract()
 
 
 def test_a_position_stamped_on_another_cluster_is_found(
@@ -411,6 +424,7 @@ def test_a_position_stamped_on_another_cluster_is_found(
     assert found(report) == {"position_of_another_cluster": 1}
     [shown] = report.check("relay_position").findings[0].ids
     assert shown["recorded_system"] == 42 and shown["this_system"] != 42
+    assert_outbox_matches_contract()
 
 
 def test_a_position_ahead_of_the_clusters_ids_is_found(
@@ -422,6 +436,7 @@ def test_a_position_ahead_of_the_clusters_ids_is_found(
     sql("update outbox_relay_position set txid = (txid::text::numeric + 1e12)::text::xid8")
 
     assert found(audit()) == {"position_ahead": 1}
+    assert_outbox_matches_contract()
 
 
 # --- what the audit could not check -------------------------------------------------------
@@ -440,6 +455,7 @@ def test_a_window_with_nothing_left_to_audit_is_refused_not_clean(
     with pytest.raises(WindowError, match=f"nothing to audit: .*{why}.*; pass an? --"):
         audit(as_of=datetime.now(UTC) - as_of_ago, since=since,
               outbox_retention=timedelta(days=7))
+    assert_outbox_matches_contract()
 
 
 def test_a_window_partly_older_than_the_retention_is_cut_and_says_so(
@@ -454,6 +470,7 @@ def test_a_window_partly_older_than_the_retention_is_cut_and_says_so(
     assert note.startswith(f"window starts at {report.since.isoformat()}")
     assert report.database_now - report.since == timedelta(days=7)
     assert report.check("ledger_outbox").status is Status.CLEAN
+    assert_outbox_matches_contract()
 
 
 def test_checks_with_nothing_to_examine_are_not_checked_with_their_reason(
@@ -521,6 +538,7 @@ def test_the_command_exits_0_clean_1_with_findings_and_prints_json(
     text = audit_command()
     assert text.returncode == 1
     assert "marker_without_event: 1" in text.stdout and "do: " in text.stdout
+    assert_outbox_matches_contract()
 
 
 def test_the_command_refuses_an_as_of_older_than_the_retention_with_exit_2_and_one_line(
@@ -537,6 +555,7 @@ def test_the_command_refuses_an_as_of_older_than_the_retention_with_exit_2_and_o
     [line] = refused.stderr.strip().splitlines()
     assert f"nothing to audit: --as-of {as_of}T00:00:00+00:00 is at or before" in line
     assert "OUTBOX_RETENTION (7 days, 0:00:00)" in line and "pass an --as-of after" in line
+    assert_outbox_matches_contract()
 
 
 def test_the_command_with_nothing_to_examine_exits_0_and_never_says_clean(
@@ -608,6 +627,7 @@ def test_the_loop_serves_the_last_audits_findings_per_check(
     completed = [json.loads(line) for line in (tmp_path / "audit.log").read_text().splitlines()
                  if '"event":"audit completed"' in line]
     assert completed[0]["findings"] == 1 and completed[0]["by_check"]["ledger_outbox"] == 1
+    assert_outbox_matches_contract()
 
 
 @pytest.mark.slow
@@ -630,6 +650,7 @@ def test_against_the_topic_over_tls_with_the_relays_settings_and_a_refusal_exits
                           env={**audit_env, "KAFKA_SSL_CA_LOCATION": str(certificates.other_ca)})
     assert refused.returncode == 4, refused.stderr
     assert "kafka refused the audit" in refused.stderr
+    assert_outbox_matches_contract()
 
 
 def test_an_expiry_corrected_back_and_forth_is_each_arming_told_once_no_finding(
@@ -655,3 +676,4 @@ def test_an_expiry_corrected_back_and_forth_is_each_arming_told_once_no_finding(
     report = audit()
     assert set(found(report)) == {"notified_twice", "event_without_marker"}
     assert expiring_in(6).date().isoformat() in ids(report, "notified_twice", "expires")
+    assert_outbox_matches_contract()

@@ -15,11 +15,13 @@ from devtools.demo_data import PersonDocument
 from reminders.config import DEFAULT_THRESHOLDS
 from reminders.events import MAX_DOCUMENTS_PER_EVENT
 from reminders.models import ReminderRun
-from tests.conftest import CycleRunner, command_env, manage_py
 from tests.support import chaos_report
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents, insert_documents
 from tests.support.invariants import check_invariants, documents_md5, snapshot, tally
 from tests.support.ledger import AS_OF, TODAY, day, events_for
+from tests.support.processes import command_env, manage_py
 from tests.support.reference import ReferenceLedger, documents_from_database
 
 ODD_TYPES = ["", "UnknownType", "x" * 32, "Водительское", "🛂Passport", "Passport ", "a'b\"c\\d"]
@@ -98,6 +100,7 @@ def test_odd_documents_are_handled_by_the_rules(run: CycleRunner, documents: Doc
         runs=len(offsets), odd_types=len(ODD_TYPES), odd_masks=len(ODD_MASKS),
         utc_offsets=len(OFFSETS), reminders=sum(len(v) for v in model.events.values()),
         **tally(snapshot(), model))
+    assert_outbox_matches_contract()
 
 
 def all_payloads() -> list[dict[str, Any]]:
@@ -133,6 +136,7 @@ def test_an_owner_with_thousands_of_due_documents_gets_capped_events_until_all_a
         "bad data (one owner, thousands of documents)", documents=count, runs=len(sizes),
         cap=MAX_DOCUMENTS_PER_EVENT, event_items_and_bytes_per_day=sizes,
         reminders=sum(len(v) for v in model.events.values()), **tally(snapshot(), model))
+    assert_outbox_matches_contract()
 
 
 
@@ -154,3 +158,4 @@ def test_a_document_type_with_a_newline_and_an_escape_stays_on_its_line_in_logs_
     for output in (shown.stdout, worker.stderr):
         assert "\x1b" not in output
         assert not any(line.startswith("03:00:00 ERROR x") for line in output.splitlines())
+    assert_outbox_matches_contract()

@@ -19,9 +19,9 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from devtools.demo_data import PersonDocument
-from tests.conftest import CycleRunner
 from tests.support import chaos_report
 from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents, insert_documents
 from tests.support.invariants import check_invariants, documents_md5, snapshot, tally
 from tests.support.ledger import AS_OF
@@ -136,6 +136,7 @@ def test_random_documents_and_daily_runs_match_the_reference_model(
                        documents=len(specs), runs=len(runs), expiry_changes=changed,
                        rearmed=model.rearmed,
                        mismatches=figures["lost"] + figures["unexpected"] + figures["duplicated"])
+    assert_outbox_matches_contract()
 
 
 
@@ -190,3 +191,4 @@ def test_expiries_corrected_back_and_forth_tell_each_arming_once_under_its_own_i
                        documents=len(specs), runs=len(runs),
                        told_again=sum(len(items) for items in model.events.values()),
                        rearmed=model.rearmed)
+    assert_outbox_matches_contract()

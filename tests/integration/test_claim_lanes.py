@@ -18,10 +18,11 @@ from django.db import connection
 
 from core.db import raw_connection
 from reminders import store
-from reminders.lane import ClaimLane
+from reminders.claim_connections import AliasConnections, AliasSession, SecondConnection
 from reminders.models import ReminderRun
-from tests.conftest import CycleRunner, as_worker, test_database_url
 from tests.support.chaos import wait_until
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import CycleRunner, as_worker, test_database_url
 from tests.support.factories import Documents
 from tests.support.ledger import (
     AS_OF,
@@ -132,6 +133,7 @@ def test_two_connections_write_what_one_writes(run: CycleRunner, documents: Docu
     assert dict(two.reminders_by_threshold) == dict(one.reminders_by_threshold)
     with _session() as watch:
         _no_lane_left(watch, watch_pid)
+    assert_outbox_matches_contract()
 
 
 def test_the_dry_run_and_the_progress_on_two_connections(
@@ -165,8 +167,9 @@ def test_the_lane_connects_as_the_cycle_and_closes(
     with as_worker():
         store.tune_claim_session("default")  # as store.due_owners tunes the cycle's session
         cycle = cast(tuple[Any, ...], probe([]))
-        with ClaimLane.open("default", probe) as lane:
-            on_lane = cast(tuple[Any, ...], lane.send([]).result().claim)
+        second = AliasConnections("default").second_session()
+        with SecondConnection.open(second, probe) as lane:
+            on_lane = cast(tuple[Any, ...], lane.send([]).result().result)
             assert _lanes(watch, cycle[-1]) == [on_lane[-1]]
         _no_lane_left(watch, cycle[-1])
         with connection.cursor() as cursor:
@@ -210,6 +213,7 @@ def test_a_failed_batch_is_retried_owner_by_owner_while_the_other_lane_commits(
     assert (second.status, second.owners_notified) == ("succeeded", 1)
     assert _notified_documents() == sorted(str(d.id) for d in docs)  # each once
     _no_lane_left(watch, cycle_pid)
+    assert_outbox_matches_contract()
 
 
 @pytest.mark.parametrize("ending", ["stop", "deadline"])
@@ -249,6 +253,7 @@ def test_a_stop_or_the_deadline_with_a_batch_in_flight_lets_it_commit_and_starts
     second = run(AS_OF, claim_connections=2)
     assert (second.status, second.owners_notified) == ("succeeded", 2)
     assert _notified_documents() == sorted(str(d.id) for d in docs)  # nothing twice, none lost
+    assert_outbox_matches_contract()
 
 
 @pytest.mark.parametrize("lost", ["lane", "cycle"])
@@ -292,6 +297,7 @@ def test_a_lost_connection_on_either_lane_fails_the_cycle_and_the_other_batch_is
     second = run(AS_OF, claim_connections=2)
     assert (second.status, second.owners_notified) == ("succeeded", 3)
     assert _notified_documents() == sorted(str(d.id) for d in docs)  # nothing twice, none lost
+    assert_outbox_matches_contract()
 
 
 def test_a_lane_that_cannot_connect_leaves_the_cycle_on_one_connection(
@@ -300,10 +306,10 @@ def test_a_lane_that_cannot_connect_leaves_the_cycle_on_one_connection(
 ) -> None:
     docs = _owners(1, 2, 3, documents=documents)
 
-    def refused(_lane: ClaimLane) -> None:
+    def refused(_session: AliasSession) -> None:
         raise psycopg.OperationalError("too many connections for role")
 
-    monkeypatch.setattr(ClaimLane, "_connect", refused)
+    monkeypatch.setattr(AliasSession, "connect", refused)
     cycle_pid = _cycle_pid()
     result = run(AS_OF, batch_size=1, claim_connections=2)
 
@@ -312,3 +318,4 @@ def test_a_lane_that_cannot_connect_leaves_the_cycle_on_one_connection(
     assert "second claim connection unavailable, claiming on one" in caplog.messages
     with _session() as watch:
         _no_lane_left(watch, cycle_pid)
+    assert_outbox_matches_contract()

@@ -14,7 +14,8 @@ from django.db import connection
 
 from devtools.demo_data import PersonDocument
 from reminders import rules
-from tests.conftest import CycleRunner
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.invariants import check_matches_model
 from tests.support.ledger import AS_OF, TODAY, Marker, events, expiring_in
@@ -131,6 +132,7 @@ def test_claim_statement_decides_as_the_pure_rules(
                                  for t, on in marked.items()}
     model.run(documents_from_database(), AS_OF, THRESHOLDS)
     check_matches_model(model)
+    assert_outbox_matches_contract()
 
 
 def _ledger() -> dict[tuple[uuid.UUID, int], tuple[date, bool]]:
@@ -157,3 +159,4 @@ def test_window_census_counts_marked_documents_as_skipped(
     assert (result.window_documents, result.due_documents, result.skipped_already_marked) == (
         4, 3, 1)
     assert run(AS_OF + timedelta(hours=1)).due_documents == 0
+    assert_outbox_matches_contract()

@@ -20,8 +20,8 @@ from devtools.mock_kafka import MockKafkaCluster
 from devtools.read_topic import Record, read_topic
 from outbox.relay import Relay
 from reminders import events
-from tests.conftest import CycleRunner
-from tests.support.db_roles import as_role
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import CycleRunner, as_role
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, expiring_in
 from tests.support.relay_support import as_relay, event_payload, relay_settings, stored_rows
@@ -77,6 +77,7 @@ def test_a_cloudevents_consumer_reads_the_worker_s_events(
         assert row.headers["ce_id"] == record.message_id and row.headers["ce_subject"] == row.key
         assert record.headers == row.headers
         assert_cloudevent(record, record.message_id, row.created_at)
+    assert_outbox_matches_contract()
 
 
 def insert_previous_release_row(owner: str, headers_sql: str, params: list[Any]) -> str:

@@ -9,7 +9,8 @@ import pytest
 from django.db import connection
 
 from reminders.models import ReminderRun
-from tests.conftest import CycleRunner
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.ledger import (
     AS_OF,
@@ -52,6 +53,7 @@ def test_threshold_crossed_at_seven_days(run: CycleRunner, documents: Documents)
         "expiresAt": "2026-12-06", "thresholdDays": 7, "daysLeft": 7,
     }]
     assert (result.reminders_sent, result.owners_notified) == (1, 1)
+    assert_outbox_matches_contract()
 
 
 def test_expired_document_is_reminded_at_threshold_zero_once(
@@ -66,6 +68,7 @@ def test_expired_document_is_reminded_at_threshold_zero_once(
     [event] = events()
     assert event["documents"][0]["thresholdDays"] == 0
     assert event["documents"][0]["daysLeft"] == -3
+    assert_outbox_matches_contract()
 
 
 def test_document_expiring_today_has_zero_days_left(
@@ -76,6 +79,7 @@ def test_document_expiring_today_has_zero_days_left(
     run(AS_OF)
 
     assert [(d["thresholdDays"], d["daysLeft"]) for d in events()[0]["documents"]] == [(0, 0)]
+    assert_outbox_matches_contract()
 
 
 def test_fresh_almost_expired_document_marks_30_and_7_and_notifies_7_only(
@@ -88,6 +92,7 @@ def test_fresh_almost_expired_document_marks_30_and_7_and_notifies_7_only(
     assert markers(doc.id) == {Marker(doc.id, 30, False), Marker(doc.id, 7, True)}
     assert notified_pairs() == [(str(doc.id), 7)]
     assert (result.markers_written, result.reminders_sent) == (2, 1)
+    assert_outbox_matches_contract()
 
 
 def test_rerun_on_the_same_data_inserts_nothing_and_sends_nothing(
@@ -103,6 +108,7 @@ def test_rerun_on_the_same_data_inserts_nothing_and_sends_nothing(
     assert (markers(), events()) == before
     assert (again.markers_written, again.reminders_sent, again.owners_notified) == (0, 0, 0)
     assert again.skipped_already_marked == 5
+    assert_outbox_matches_contract()
 
 
 def test_owner_with_three_documents_gets_one_event_listing_three(
@@ -118,6 +124,7 @@ def test_owner_with_three_documents_gets_one_event_listing_three(
     assert [d["documentId"] for d in event["documents"]] == [str(docs[2].id), str(docs[1].id),
                                                              str(docs[0].id)]
     assert [d["thresholdDays"] for d in event["documents"]] == [0, 7, 30]
+    assert_outbox_matches_contract()
 
 
 def test_worker_leaves_documents_unchanged_and_logs_no_document_data(
@@ -143,6 +150,7 @@ def test_worker_leaves_documents_unchanged_and_logs_no_document_data(
         for item in event["documents"]:
             assert set(item) == {"documentId", "type", "numberMask", "expiresAt",
                                  "thresholdDays", "daysLeft"}
+    assert_outbox_matches_contract()
 
 
 def test_document_without_expiry_is_never_reminded(
@@ -180,6 +188,7 @@ def test_prune_deletes_markers_past_retention_and_keeps_active_windows(
     assert markers(old.id) == set()
     assert markers(live.id) == {Marker(live.id, 30, True)}
     assert result.pruned == 4
+    assert_outbox_matches_contract()
 
 
 def test_added_threshold_fires_only_where_not_yet_marked(
@@ -194,6 +203,7 @@ def test_added_threshold_fires_only_where_not_yet_marked(
     assert notified_pairs() == [(str(fresh.id), 30), (str(fresh.id), 14)]
     run(day(7), thresholds=(30, 14, 7, 1, 0))
     assert len(notified_pairs()) == 2
+    assert_outbox_matches_contract()
 
 
 def test_stale_threshold_is_marked_silently(run: CycleRunner, documents: Documents) -> None:
@@ -205,6 +215,7 @@ def test_stale_threshold_is_marked_silently(run: CycleRunner, documents: Documen
     assert Marker(doc.id, 14, False) in markers(doc.id)
     assert notified_pairs() == [(str(doc.id), 7)]
     assert (result.markers_written, result.reminders_sent) == (1, 0)
+    assert_outbox_matches_contract()
 
 
 def test_removed_threshold_keeps_its_markers_and_fires_no_more(
@@ -219,6 +230,7 @@ def test_removed_threshold_keeps_its_markers_and_fires_no_more(
     assert Marker(doc.id, 1, True) in markers(doc.id)
     assert {m.threshold_days for m in markers(doc.id)} == {30, 7, 1}
     assert notified_pairs() == [(str(doc.id), 7), (str(doc.id), 1)]
+    assert_outbox_matches_contract()
 
 
 def test_extended_document_leaves_the_window(run: CycleRunner, documents: Documents) -> None:
@@ -233,6 +245,7 @@ def test_extended_document_leaves_the_window(run: CycleRunner, documents: Docume
     assert result.window_documents == 0
     assert notified_pairs() == [(str(doc.id), 7)]
     assert {m.threshold_days for m in markers(doc.id)} == {30, 7}
+    assert_outbox_matches_contract()
 
 
 # --- refinements ----------------------------------------------------------------------------
@@ -253,6 +266,7 @@ def test_expired_active_document_stays_quiet_through_and_after_the_prune(
         # The cycle in which the document leaves the scan (offset 90) prunes its markers.
         assert bool(markers(doc.id)) == in_window, offset
     assert notified_pairs() == [(str(doc.id), 0)]
+    assert_outbox_matches_contract()
 
 
 def test_owner_spread_over_the_window_gets_one_event_with_batch_size_two(
@@ -268,6 +282,7 @@ def test_owner_spread_over_the_window_gets_one_event_with_batch_size_two(
     assert {d["documentId"] for d in event["documents"]} == {str(d.id) for d in spread}
     assert len(events()) == 1 + len(others)
     assert result.owners_notified == 5
+    assert_outbox_matches_contract()
 
 
 def test_events_are_written_most_urgent_owner_first(
@@ -281,6 +296,7 @@ def test_events_are_written_most_urgent_owner_first(
 
     assert [e["ownerUserId"] for e in events()] == [
         str(sooner.owner_user_id), str(middle.owner_user_id), str(later.owner_user_id)]
+    assert_outbox_matches_contract()
 
 
 def test_on_two_claim_connections_events_are_most_urgent_first_pair_by_pair(
@@ -298,6 +314,7 @@ def test_on_two_claim_connections_events_are_most_urgent_first_pair_by_pair(
     owners = [e["ownerUserId"] for e in events()]
     assert set(owners[:2]) == {str(sooner.owner_user_id), str(middle.owner_user_id)}
     assert set(owners[2:]) == {str(later.owner_user_id), str(latest.owner_user_id)}
+    assert_outbox_matches_contract()
 
 
 def test_utc_date_decides_days_left_at_midnight_plus_three(
@@ -311,6 +328,7 @@ def test_utc_date_decides_days_left_at_midnight_plus_three(
     [item] = events()[0]["documents"]
     assert (item["expiresAt"], item["daysLeft"], item["thresholdDays"]) == ("2026-12-06", 7, 7)
     assert Marker(doc.id, 7, True) in markers(doc.id)
+    assert_outbox_matches_contract()
 
 
 def test_window_edges_are_inclusive_to_the_day(
@@ -326,6 +344,7 @@ def test_window_edges_are_inclusive_to_the_day(
 
     assert result.window_documents == 2
     assert sorted(notified_pairs()) == sorted([(str(first.id), 0), (str(last.id), 30)])
+    assert_outbox_matches_contract()
 
 
 # Each batch starts only before the deadline. On one connection the 3rd batch is the last
@@ -349,6 +368,7 @@ def test_run_over_its_time_budget_stops_cleanly_and_the_next_run_finishes(
     assert second.status == ReminderRun.Status.SUCCEEDED
     assert second.owners_notified == 5 - started
     assert sorted(notified_pairs()) == sorted((str(d.id), 7) for d in docs)
+    assert_outbox_matches_contract()
 
 
 def _expired_markers(count: int) -> None:
@@ -390,6 +410,7 @@ def test_a_timed_out_cycle_prunes_within_a_budget_of_its_own(
     assert _expired_left() == 7_000
     second = run(AS_OF)
     assert (second.status, second.pruned, _expired_left()) == ("succeeded", 7_000, 0)
+    assert_outbox_matches_contract()
 
 
 # The stop is set once the first batch is counted; on two connections the batch sent to the
@@ -409,6 +430,7 @@ def test_a_cycle_stopped_by_a_signal_leaves_the_prune_to_the_next(
     assert (stopped.status, stopped.pruned, _expired_left()) == ("stopped", 0, 10)
     assert stopped.owners_notified == done
     assert run(AS_OF).pruned == 10
+    assert_outbox_matches_contract()
 
 
 def test_failing_owner_loses_nothing_for_the_others_and_is_retried_next_cycle(
@@ -427,6 +449,7 @@ def test_failing_owner_loses_nothing_for_the_others_and_is_retried_next_cycle(
 
     assert (second.status, second.owners_notified) == ("succeeded", 1)
     assert events_for(bad.owner_user_id)[0]["documents"][0]["documentId"] == str(bad.id)
+    assert_outbox_matches_contract()
 
 
 def test_dry_run_writes_nothing_and_reports_what_it_would_send(
@@ -454,6 +477,7 @@ def test_every_run_is_recorded_with_its_counters(
         "succeeded", 1, 1, 2)
     assert row.finished_at is not None and row.as_of == AS_OF
     assert row.finished_at >= row.started_at and row.started_at <= database_now()  # now() stamps it
+    assert_outbox_matches_contract()
 
 
 def test_a_run_left_running_by_a_killed_process_is_closed_as_failed(

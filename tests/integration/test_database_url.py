@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from core.roles import WORKER_ROLE
-from tests.conftest import ROOT, command_env, test_database_url
+from tests.support.db_roles import test_database_url
+from tests.support.processes import ROOT, command_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

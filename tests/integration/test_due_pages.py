@@ -10,7 +10,8 @@ import pytest
 from django.db import connections
 
 from reminders import store
-from tests.conftest import CycleRunner
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, events, expiring_in
 
@@ -68,6 +69,7 @@ def test_by_pages_most_urgent_first_one_event_an_owner_and_the_census(
 
     assert (again.window_documents, again.due_documents) == (2 * OWNERS, 0)
     assert again.reminders_sent == 0
+    assert_outbox_matches_contract()
 
 
 def test_by_pages_an_owner_capped_on_one_page_is_not_read_again_on_the_next(
@@ -88,6 +90,7 @@ def test_by_pages_an_owner_capped_on_one_page_is_not_read_again_on_the_next(
 
     assert again.reminders_sent == OWNERS
     assert len(events()) == 2 * OWNERS
+    assert_outbox_matches_contract()
 
 
 def test_by_pages_the_dry_run_reads_each_owner_once(

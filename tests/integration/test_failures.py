@@ -9,9 +9,8 @@ from django.db import DatabaseError, connection, transaction
 
 from core.failures import DatabaseFailure, FailureKind, classify, one_line
 from core.roles import WORKER_ROLE
-from tests.conftest import test_database_url
 from tests.support.chaos_proxy import refused_port
-from tests.support.db_roles import as_role
+from tests.support.db_roles import as_role, test_database_url
 
 SECRET = "s3cret-Pa55word"  # noqa: S105 - a test password that must not show
 

@@ -16,7 +16,7 @@ from reminders.cycle import run_cycle
 from reminders.loop import run_loop
 from reminders.models import ReminderRun
 from reminders.result import CycleResult
-from tests.conftest import as_worker
+from tests.support.db_roles import as_worker
 
 DAY = timedelta(days=1)
 CAP = 20  # cycles: a loop gone back to back is stopped here

@@ -17,8 +17,8 @@ from prometheus_client import REGISTRY
 
 from reminders.config import ReminderSettings
 from reminders.observe import MetricsObserver
-from tests.conftest import CycleRunner
-from tests.support.contract import named_after
+from tests.support.contract import assert_outbox_matches_contract, named_after
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, day, expiring_in, markers
 
@@ -116,6 +116,7 @@ def test_each_event_is_named_after_its_reminder(run: CycleRunner, documents: Doc
     for row_id, owner_id, payload, headers in rows:
         assert payload["ownerUserId"] == owner_id and row_id == named_after(payload)
         assert headers["message_id"] == str(row_id)
+    assert_outbox_matches_contract()
 
 
 def test_a_reminder_written_again_keeps_its_id_and_the_outbox_keeps_one_row(
@@ -146,6 +147,7 @@ def test_a_reminder_written_again_keeps_its_id_and_the_outbox_keeps_one_row(
     assert any(r.getMessage() == "reminders already queued" and r.levelno == logging.WARNING
                for r in caplog.records)
     assert already_queued_in_runs() == [0, len(queued)]
+    assert_outbox_matches_contract()
 
 
 def test_a_reminder_lost_with_its_outbox_row_is_written_again_under_the_same_id(
@@ -165,6 +167,7 @@ def test_a_reminder_lost_with_its_outbox_row_is_written_again_under_the_same_id(
     # a redelivery: the same items; the cycle's date and the days left are the new cycle's
     assert {i: [d["daysLeft"] for d in after[i]["documents"]] for i in after} == {
         i: [d["daysLeft"] - 1 for d in before[i]["documents"]] for i in before}
+    assert_outbox_matches_contract()
 
 
 # A, B, A (and B again): each day the expiry is corrected, 5 or 6 days ahead of AS_OF's date
@@ -197,6 +200,7 @@ def test_an_expiry_corrected_back_and_forth_tells_each_arming_once_under_its_own
                    for arming, (_, body) in enumerate(events, start=1)]
     assert ids[0] == named_after(events[0][1])  # a first arming is named as before armings
     assert armings(doc.id) == {30: len(dates), 7: len(dates)}
+    assert_outbox_matches_contract()
 
 
 def test_a_restore_replays_each_arming_under_the_id_it_had(
@@ -235,6 +239,7 @@ def test_a_restore_replays_each_arming_under_the_id_it_had(
                 replayed.failed_owners) == (0, 1, 0)
     assert [i for i, _ in told(doc.owner_user_id)] == [i for i, _ in original]
     assert armings(doc.id) == {30: 4, 7: 4}
+    assert_outbox_matches_contract()
 
 
 def _created_at(message_id: uuid.UUID) -> str:
@@ -285,3 +290,4 @@ def test_an_id_the_outbox_holds_for_a_reminder_that_says_otherwise_fails_its_own
     assert markers(refused.id) == set() and markers(replayed.id)
     assert outbox() == tampered
     assert run(AS_OF + timedelta(hours=3)).failed_owners == 1
+    assert_outbox_matches_contract()

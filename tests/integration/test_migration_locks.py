@@ -19,7 +19,7 @@ from core.migration_ops import (
     migrate_with_lock_retries,
 )
 from core.migrations_lint import run_squawk
-from tests.conftest import test_database_url
+from tests.support.db_roles import test_database_url
 from tests.support.relay_support import wait_for
 
 ADD_COLUMN = "alter table public.lock_probe add column added integer"

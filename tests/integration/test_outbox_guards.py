@@ -21,7 +21,7 @@ from devtools.read_topic import read_topic
 from outbox import store
 from outbox.relay import Relay
 from tests.acceptance.test_relay_process import relay_env, run_relay
-from tests.conftest import test_database_url
+from tests.support.db_roles import test_database_url
 from tests.support.relay_support import (
     BASE_TIME,
     as_relay,

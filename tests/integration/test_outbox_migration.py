@@ -19,8 +19,8 @@ from core.roles import ROLES_SQL
 from devtools.mock_kafka import MockKafkaCluster
 from devtools.read_topic import read_topic
 from outbox.relay import Relay
-from tests.conftest import test_database_url
 from tests.integration.test_relay_failures import fix_payload
+from tests.support.db_roles import test_database_url
 from tests.support.ledger import database_now
 from tests.support.relay_support import (
     as_relay,

@@ -20,9 +20,9 @@ from devtools.read_topic import read_topic
 from outbox import store
 from outbox.relay import Relay, Wakeup
 from reminders import events
-from tests.conftest import CycleRunner, test_database_url
 from tests.support import chaos_report
-from tests.support.db_roles import as_role
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import CycleRunner, as_role, test_database_url
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, database_now, expiring_in
 from tests.support.relay_support import (
@@ -77,6 +77,7 @@ def test_events_reach_the_topic_with_key_payload_headers_and_the_contract_intact
     if broker == "tansu":
         chaos_report.record("relay on Tansu: round trip", broker=tansu_version(), events=6,
                             headers_checked=6 * len(records[0].headers), contract_valid=6)
+    assert_outbox_matches_contract()
 
 
 def test_one_relay_leads_and_a_standby_takes_over_when_its_session_dies_order_per_key_holds(

@@ -25,8 +25,8 @@ from outbox import store
 from outbox.lanes import RelayStats, StreamReader
 from outbox.relay import Relay
 from reminders import events
-from tests.conftest import test_database_url
 from tests.integration.test_relay_failures import fix_payload
+from tests.support.db_roles import test_database_url
 from tests.support.ledger import database_now
 from tests.support.mock_controls import PRODUCE_API, push_request_errors, set_partition_leader
 from tests.support.partitioner import keys_on, partition_of

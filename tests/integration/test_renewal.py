@@ -8,7 +8,8 @@ from datetime import UTC, date, datetime
 from django.db import connection
 
 from reminders.models import ReminderRun
-from tests.conftest import CycleRunner
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.ledger import TODAY, day, events, expiring_in
 
@@ -70,6 +71,7 @@ def test_expired_then_renewed_by_60_days_is_reminded_before_its_new_expiry(
     assert ledger(doc.id) == {(30, new_expiry, True), (7, new_expiry, True),
                               (1, new_expiry, True), (0, new_expiry, True)}
     assert rearmed_in_history() == 4
+    assert_outbox_matches_contract()
 
 
 def test_renewed_by_30_days_after_its_7_day_reminder_gets_the_new_30_and_7(
@@ -85,6 +87,7 @@ def test_renewed_by_30_days_after_its_7_day_reminder_gets_the_new_30_and_7(
         (10, 30, 30, _on(40)), (33, 7, 7, _on(40)), (39, 1, 1, _on(40)), (40, 0, 0, _on(40)),
     ]
     assert rearmed_in_history() == 2  # 30 and 7; 1 and 0 were never marked for the old date
+    assert_outbox_matches_contract()
 
 
 def test_expired_then_renewed_by_100_days_gets_its_30_day_reminder_at_30_days(
@@ -104,6 +107,7 @@ def test_expired_then_renewed_by_100_days_gets_its_30_day_reminder_at_30_days(
     # 90-day retention), so the new ones are plain inserts.
     assert rearmed_in_history() == 1
     assert {e for _t, e, _n in ledger(doc.id)} == {date.fromisoformat(_on(105))}
+    assert_outbox_matches_contract()
 
 
 def test_expiry_corrected_to_an_earlier_date_after_its_30_day_reminder(
@@ -122,6 +126,7 @@ def test_expiry_corrected_to_an_earlier_date_after_its_30_day_reminder(
     assert {(t, e) for t, e, _n in ledger(doc.id)} == {
         (30, corrected), (7, corrected), (1, corrected), (0, corrected)}
     assert rearmed_in_history() == 1
+    assert_outbox_matches_contract()
 
 
 def test_corrected_to_an_earlier_date_past_two_thresholds_tells_the_most_urgent_once(
@@ -138,6 +143,7 @@ def test_corrected_to_an_earlier_date_past_two_thresholds_tells_the_most_urgent_
     assert ledger(doc.id) == {(30, on, False), (7, on, True)}
     assert [(d["thresholdDays"], d["expiresAt"]) for d in events()[-1]["documents"]] == [
         (7, _on(5))]
+    assert_outbox_matches_contract()
 
 
 def test_an_unchanged_expiry_is_never_rewritten(run: CycleRunner, documents: Documents) -> None:
@@ -158,6 +164,7 @@ def test_an_unchanged_expiry_is_never_rewritten(run: CycleRunner, documents: Doc
                        " where document_id = %s order by threshold_days", (doc.id,))
         assert cursor.fetchall() == before
     assert (again.markers_written, next_day.markers_written, next_day.markers_rearmed) == (0, 0, 0)
+    assert_outbox_matches_contract()
 
 
 def test_a_stale_marker_does_not_make_the_new_expiry_silent(
@@ -173,6 +180,7 @@ def test_a_stale_marker_does_not_make_the_new_expiry_silent(
 
     assert (result.reminders_sent, result.markers_rearmed, result.due_documents) == (1, 1, 1)
     assert events()[-1]["documents"][0]["thresholdDays"] == 30
+    assert_outbox_matches_contract()
 
 
 def test_the_census_and_the_dry_run_count_a_renewed_document_as_due(
@@ -190,3 +198,4 @@ def test_the_census_and_the_dry_run_count_a_renewed_document_as_due(
     assert (result.due_documents, result.markers_written, result.markers_rearmed,
             result.reminders_sent) == (1, 1, 1, 1)
     assert run(day(1)).due_documents == 0
+    assert_outbox_matches_contract()

@@ -13,11 +13,11 @@ from django.test import Client
 from core.db import apply_sql_file
 from core.roles import ADMIN_WEB_ROLE, AUDITOR_ROLE, RELAY_ROLE, ROLES_SQL, WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
-from tests.conftest import command_env, test_database_url
-from tests.support.db_roles import as_role
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import as_role, test_database_url
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, expiring_in
-from tests.support.processes import run_command
+from tests.support.processes import command_env, run_command
 
 PLANTER = "pin_test_planter"
 PASSWORD = "a long test password"  # noqa: S105 - a test user's
@@ -104,3 +104,4 @@ def test_an_operator_planted_in_public_is_never_run_by_any_process(
                      "/admin/outbox/outboxmessage/", "/admin/reminders/reminderrun/"):
             assert client.get(page).status_code == 200, page
     assert _calls() == []
+    assert_outbox_matches_contract()

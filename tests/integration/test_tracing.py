@@ -33,9 +33,11 @@ from core.tracing import configure_tracing
 from reminders.config import ReminderSettings
 from reminders.cycle import Cycle
 from reminders.observe import BATCH_SPAN, CYCLE_SPAN, TracingObserver
-from tests.conftest import as_worker, command_env, manage_py
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import as_worker
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, expiring_in, outbox_refusing
+from tests.support.processes import command_env, manage_py
 
 
 @pytest.fixture
@@ -86,6 +88,7 @@ def test_cycle_span_with_batch_children_and_traceparent_in_every_event(
     assert len(headers) == 3
     assert {h["traceparent"] for h in headers} == {traceparent}
     assert {h["correlation_id"] for h in headers} == {str(result.run_id)}
+    assert_outbox_matches_contract()
 
 
 def test_a_batch_span_counts_the_owner_that_failed_in_it(
@@ -103,6 +106,7 @@ def test_a_batch_span_counts_the_owner_that_failed_in_it(
     assert attributes["reminders.batch.failed_owners"] == 1
     assert attributes["reminders.batch.owners_notified"] == len(good)
     assert attributes["reminders.batch.reminders_sent"] == len(good)
+    assert_outbox_matches_contract()
 
 
 def test_batches_on_two_connections_overlap_as_siblings_each_with_its_own_counts(
@@ -128,6 +132,7 @@ def test_batches_on_two_connections_overlap_as_siblings_each_with_its_own_counts
         assert lane.start_time is not None and here.start_time is not None
         assert lane.end_time is not None and here.end_time is not None
         assert lane.start_time <= here.start_time and here.end_time <= lane.end_time
+    assert_outbox_matches_contract()
 
 
 def test_without_a_tracer_provider_no_traceparent_is_written(documents: Documents) -> None:
@@ -136,6 +141,7 @@ def test_without_a_tracer_provider_no_traceparent_is_written(documents: Document
         Cycle(ReminderSettings(), as_of=AS_OF, observer=TracingObserver()).run()  # the global, no-op provider
     [headers] = _headers()
     assert "traceparent" not in headers
+    assert_outbox_matches_contract()
 
 
 
@@ -286,6 +292,7 @@ def test_the_command_exports_spans_over_otlp(
     values = [v for value in attributes.values()
               for v in (value if isinstance(value, list) else [value])]
     assert not owners & {str(v) for v in values}
+    assert_outbox_matches_contract()
 
 
 @pytest.mark.parametrize(("protocol", "receiver"), [("grpc", _grpc_receiver),
@@ -310,6 +317,7 @@ def test_a_collector_refusing_the_credentials_costs_the_cycle_nothing_and_shows_
                       if '"logger":"opentelemetry.exporter' in line]
     assert exporter_lines and {line["level"] for line in exporter_lines} <= {"warning", "error"}
     assert "s3cret" not in done.stdout + done.stderr
+    assert_outbox_matches_contract()
 
 
 @pytest.mark.parametrize(("variable", "value"), [

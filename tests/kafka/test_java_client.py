@@ -12,7 +12,8 @@ from devtools.kafka_cluster import KafkaCluster
 from devtools.read_topic import read_topic
 from outbox.relay import Relay
 from reminders import events
-from tests.conftest import CycleRunner
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.kafka_support import PARTITIONS, TopicMaker, rows_sent_to
 from tests.support.ledger import AS_OF, expiring_in
@@ -94,3 +95,4 @@ def test_the_java_console_consumer_reads_the_relay_s_events_with_every_header(
             events.EVENT_TYPE, str(events.CONTRACT_VERSION))
         assert headers["ce_id"] == row.id and headers["ce_subject"] == key == row.key
         assert json.loads(value) == row.payload
+    assert_outbox_matches_contract()

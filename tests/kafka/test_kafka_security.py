@@ -34,10 +34,9 @@ from devtools.kafka_cluster import ROOT, SCRAM, KafkaCluster
 from devtools.read_topic import read_topic
 from reminders import events
 from tests.acceptance.test_relay_process import relay_env, run_relay
-from tests.conftest import command_env
 from tests.support.exported_metrics import scrape_process
 from tests.support.kafka_support import TopicMaker, every_acl_of, scram_user
-from tests.support.processes import run_command
+from tests.support.processes import command_env, run_command
 from tests.support.relay_support import insert_outbox, outbox_state, unpublished_count, wait_for
 
 pytestmark = pytest.mark.slow

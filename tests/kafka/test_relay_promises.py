@@ -22,10 +22,11 @@ from devtools.read_topic import Record, read_topic
 from outbox.config import ALLOW_UNDURABLE_VAR, RelaySettings
 from outbox.relay import Relay
 from tests.acceptance.test_relay_process import relay_env, run_relay, start_relay
-from tests.conftest import CycleRunner
 from tests.integration.test_audit import audit_command, loop_cycle, some_documents
 from tests.integration.test_cloudevents import assert_cloudevent
 from tests.integration.test_relay_topic import said
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
 from tests.support.kafka_support import (
     PARTITIONS,
@@ -100,6 +101,7 @@ def test_the_contract_round_trip_with_default_settings_and_a_verified_topic(
         assert_sent_as_stored(record, row)
         assert_cloudevent(record, row.id, row.created_at)
     assert_one_partition_per_owner(records)
+    assert_outbox_matches_contract()
 
 
 def test_order_per_owner_with_two_relays_and_a_takeover(
@@ -144,6 +146,7 @@ def test_the_audit_is_clean_against_the_real_topic(
         c["name"]: "clean" for c in report["checks"]}
     [checked] = [c for c in report["checks"] if c["name"] == "topic"]
     assert checked["examined"] == {"published_events": 5, "records": 5, "partitions": PARTITIONS}
+    assert_outbox_matches_contract()
 
 
 @pytest.mark.slow
@@ -183,6 +186,7 @@ def test_the_audit_lists_a_row_off_the_allowlist_and_reads_the_relay_s_topics_on
     assert checked["status"] == "clean"
     assert checked["examined"] == {"published_events": 5, "records": 5, "partitions": PARTITIONS}
     assert read_topic(kafka_cluster.bootstrap_servers, other, timeout=30) == []
+    assert_outbox_matches_contract()
 
 
 @pytest.mark.slow

@@ -17,7 +17,6 @@ from django.contrib.auth.models import Permission
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.roles import ADMIN_WEB_ROLE
-from tests.conftest import command_env
 from tests.support.admin_data import PASSWORD, ledger_rows, outbox_message, staff_viewer
 from tests.support.admin_server import (
     PRODUCTION_TLS,
@@ -27,7 +26,7 @@ from tests.support.admin_server import (
     production_key,
     run_gunicorn_to_exit,
 )
-from tests.support.processes import run_command
+from tests.support.processes import command_env, run_command
 
 pytestmark = pytest.mark.slow
 TIMEOUT_S = 30

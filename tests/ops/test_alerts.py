@@ -25,8 +25,8 @@ from django.db import connection
 from core.db import apply_sql_file
 from core.roles import RELAY_ROLE, ROLES_SQL, WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
-from tests.conftest import ROOT, command_env, manage_py
 from tests.support.exported_metrics import exported_metric_names, promql_metric_names
+from tests.support.processes import ROOT, command_env, manage_py
 
 RULES = ROOT / "ops" / "prometheus" / "alerts.yml"
 RULE_TESTS = ROOT / "ops" / "prometheus" / "alerts.test.yml"

@@ -19,7 +19,7 @@ from jsonschema.validators import validator_for
 
 from core.roles import ADMIN_WEB_ROLE, RELAY_ROLE, WORKER_ROLE
 from pin_profile import settings as production_settings
-from tests.conftest import ROOT
+from tests.support.processes import ROOT
 
 COMPOSE_SCHEMA = ROOT / "docker" / "compose-spec" / "compose-spec.json"
 COMPOSE_SCHEMA_SHA256 = "d549057ebc2925f39f62799eab0db7b9e2c18b35b6c00595199116da3ed10e64"

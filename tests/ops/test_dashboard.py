@@ -13,8 +13,8 @@ import pytest
 import yaml
 
 from devtools.mock_kafka import MockKafkaCluster
-from tests.conftest import ROOT
 from tests.support.exported_metrics import exported_metric_names, promql_metric_names
+from tests.support.processes import ROOT
 
 DASHBOARD = ROOT / "ops" / "grafana" / "document-expiry-reminders.json"
 RULES = ROOT / "ops" / "prometheus" / "alerts.yml"

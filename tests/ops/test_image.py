@@ -27,7 +27,6 @@ from packaging.utils import canonicalize_name
 from core.roles import RELAY_ROLE, WORKER_ROLE
 from devtools.demo_data import PERSON_DOCUMENTS_SQL
 from devtools.read_topic import read_topic
-from tests.conftest import ROOT
 from tests.support.contract import assert_event_valid
 from tests.support.image import (
     BASE_CA_LABEL,
@@ -39,6 +38,7 @@ from tests.support.image import (
 )
 from tests.support.ledger import AS_OF, expiring_in
 from tests.support.locks import PRODUCTION_LOCK, pins
+from tests.support.processes import ROOT
 from tests.support.tansu_support import TansuBroker
 
 pytestmark = [pytest.mark.image, pytest.mark.slow]

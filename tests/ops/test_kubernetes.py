@@ -27,7 +27,7 @@ from django.core.management import get_commands, load_command_class
 from core.health import Verdict
 from core.ops_server import OpsServer, Probes, parse_listen_addr
 from outbox.config import RelaySettings
-from tests.conftest import ROOT
+from tests.support.processes import ROOT
 
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 BASE, OVERLAY = KUBERNETES / "base", KUBERNETES / "overlays" / "example"

@@ -31,10 +31,12 @@ from reminders.observe import ObservedCycles
 from reminders.result import CycleResult
 from reminders.retention import prune_run_history
 from reminders.serving import observed_loop, seed_from_history
-from tests.conftest import as_worker, command_env, manage_py
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import as_worker
 from tests.support.exported_metrics import exported_metric_names_by_process
 from tests.support.factories import Documents
 from tests.support.ledger import AS_OF, day, expiring_in
+from tests.support.processes import command_env, manage_py
 from tests.support.run_history import insert_run
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -71,6 +73,7 @@ def test_a_cycle_counts_reminders_per_threshold_duration_and_last_success(
     last = sample("profile_document_expiry_reminder_last_success_timestamp_seconds")
     assert abs(last - datetime.now(UTC).timestamp()) < 60
     assert health.last_success is not None and health.running_since is None
+    assert_outbox_matches_contract()
 
 
 def test_failed_owners_and_failed_cycles_count_as_errors() -> None:
@@ -128,6 +131,7 @@ def test_backlog_counts_due_documents_until_a_cycle_marks_them(documents: Docume
     assert before == {metrics.BACKLOG: 2}
     assert after == {metrics.BACKLOG: 0}
     assert next_week == {metrics.BACKLOG: 1}  # the 7-day one reaches 0; the other is done
+    assert_outbox_matches_contract()
 
 
 def test_outbox_gauges_as_the_worker_role(documents: Documents) -> None:
@@ -147,6 +151,7 @@ def test_outbox_gauges_as_the_worker_role(documents: Documents) -> None:
     assert values[outbox_metrics.UNPUBLISHED] == 1
     assert values[outbox_metrics.PARKED] == 1
     assert 90 <= values[outbox_metrics.OLDEST_AGE] < 600
+    assert_outbox_matches_contract()
 
 
 def test_the_worker_role_still_cannot_read_outbox_headers(transactional_db: None) -> None:

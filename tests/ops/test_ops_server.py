@@ -30,9 +30,11 @@ from core import build
 from core.health import Verdict
 from core.ops_server import REQUEST_TIMEOUT_S, OpsServer, Probes, RecentVerdict
 from reminders.config import DEFAULT_THRESHOLDS
-from tests.conftest import command_env, manage_py, test_database_url
+from tests.support.contract import assert_outbox_matches_contract
+from tests.support.db_roles import test_database_url
 from tests.support.factories import Documents
 from tests.support.ledger import expiring_in, real_today, run_as_ofs
+from tests.support.processes import command_env, manage_py
 from tests.support.reference import ReferenceLedger, documents_from_database
 
 T = TypeVar("T")
@@ -288,6 +290,7 @@ def test_worker_serves_metrics_of_its_cycle(documents: Documents) -> None:
     assert scraped[("profile_outbox_oldest_unpublished_age_seconds", ())] >= 0
     assert health[0] == 200 and health[1].startswith("ok")
     assert ready == (200, "ok\n")
+    assert_outbox_matches_contract()
 
 
 def test_bad_metrics_address_is_a_usage_error(transactional_db: None) -> None:
@@ -359,3 +362,4 @@ def test_a_real_prometheus_scrapes_the_worker(documents: Documents, tmp_path: Pa
     assert float(result[0]["value"][1]) == sum(expected.values())
     assert [float(u["value"][1]) for u in up] == [1]
     assert {r["metric"]["threshold_days"]: float(r["value"][1]) for r in by_threshold} == expected
+    assert_outbox_matches_contract()

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from packaging.utils import canonicalize_name
 
-from tests.conftest import ROOT
 from tests.support.locks import DEVELOPMENT_LOCK, PRODUCTION_LOCK, lock_entries, pins
+from tests.support.processes import ROOT
 
 SBOM_SH = ROOT / "scripts" / "sbom.sh"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from core.roles import ADMIN_WEB_ROLE
-from tests.conftest import ROOT, command_env, manage_py
+from tests.support.processes import ROOT, command_env, manage_py
 
 START_DEADLINE_S = 60.0
 STOP_DEADLINE_S = 30.0

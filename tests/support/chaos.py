@@ -19,7 +19,8 @@ from django.db import connection
 
 from core.roles import WORKER_ROLE
 from devtools.demo_data import copy_documents
-from tests.conftest import command_env, manage_py, test_database_url
+from tests.support.db_roles import test_database_url
+from tests.support.processes import command_env, manage_py
 
 TYPES = ("Passport", "InternationalPassport", "DriverLicense", "ResidencePermit", "Visa")
 

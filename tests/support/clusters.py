@@ -13,8 +13,8 @@ from typing import Any
 
 import psycopg
 
-from tests.conftest import manage_py
 from tests.support.pg_binaries import as_postgres, bindir
+from tests.support.processes import manage_py
 
 
 def free_port() -> int:

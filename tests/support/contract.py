@@ -110,21 +110,29 @@ def assert_outbox_matches_contract() -> None:
     listed = Counter[tuple[str, int]](
         (str(d.get("documentId")), int(d.get("thresholdDays") or 0)) for body in bodies
         if isinstance(body, dict) for d in body.get("documents") or [] if isinstance(d, dict))
-    for (msg_id, agg_type, agg_id, event_type, version, topic, key, payload, headers) in rows:
-        body = json.loads(payload) if isinstance(payload, str) else payload
-        head = json.loads(headers) if isinstance(headers, str) else headers
-        assert_event_valid(body)
-        assert (agg_type, event_type, version, topic) == (
-            events.AGGREGATE_TYPE, events.EVENT_TYPE, events.CONTRACT_VERSION, events.TOPIC
-        )
-        assert agg_id == key == body["ownerUserId"]
-        assert head["message_id"] == str(msg_id)
-        assert head["event_type"] == events.EVENT_TYPE
-        assert head["contract_version"] == str(events.CONTRACT_VERSION)
-        assert head["correlation_id"]
-        if head["correlation_id"] in runs:  # a cycle wrote it: named after its reminder
-            assert (msg_id.version, msg_id.variant) == (8, uuid.RFC_4122)
-            assert _named_after_an_arming(msg_id, body, head["correlation_id"], markers, listed)
-            # and its CloudEvents headers stored with the rest (outbox migration 0014)
-            assert (head["ce_id"], head["ce_subject"], head["ce_specversion"]) == (
-                str(msg_id), agg_id, "1.0")
+    for row in rows:
+        _assert_row_matches_contract(row, runs, markers, listed)
+
+
+def _assert_row_matches_contract(
+    row: tuple[Any, ...], runs: set[str], markers: dict[tuple[str, int], tuple[str, str, int]],
+    listed: Counter[tuple[str, int]],
+) -> None:
+    (msg_id, agg_type, agg_id, event_type, version, topic, key, payload, headers) = row
+    body = json.loads(payload) if isinstance(payload, str) else payload
+    head = json.loads(headers) if isinstance(headers, str) else headers
+    assert_event_valid(body)
+    assert (agg_type, event_type, version, topic) == (
+        events.AGGREGATE_TYPE, events.EVENT_TYPE, events.CONTRACT_VERSION, events.TOPIC
+    )
+    assert agg_id == key == body["ownerUserId"]
+    assert head["message_id"] == str(msg_id)
+    assert head["event_type"] == events.EVENT_TYPE
+    assert head["contract_version"] == str(events.CONTRACT_VERSION)
+    assert head["correlation_id"]
+    if head["correlation_id"] in runs:  # a cycle wrote it: named after its reminder
+        assert (msg_id.version, msg_id.variant) == (8, uuid.RFC_4122)
+        assert _named_after_an_arming(msg_id, body, head["correlation_id"], markers, listed)
+        # and its CloudEvents headers stored with the rest (outbox migration 0014)
+        assert (head["ce_id"], head["ce_subject"], head["ce_specversion"]) == (
+            str(msg_id), agg_id, "1.0")

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import command_env, manage_py
+from tests.support.processes import command_env, manage_py
 
 DEADLINE_S = 90.0
 RELAY_ROLE = "pin_outbox_relay"  # docs/design.md §6; the relay's scrape needs only its name

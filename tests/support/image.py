@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support.processes import ROOT
 
 IMAGE_SH = ROOT / "scripts" / "image.sh"
 # The bundle the build mounts for pip (scripts/image.sh), and the base's label with its own hash.

@@ -1,14 +1,34 @@
-"""Run `manage.py` commands as real subprocesses and watch their JSON log lines."""
+"""Run `manage.py` commands as real subprocesses on the test database (their command line and
+environment: `manage_py`, `command_env`) and watch their JSON log lines."""
 
 import json
+import os
 import queue
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from tests.conftest import command_env, manage_py
+from core.roles import WORKER_ROLE
+from tests.support.db_roles import test_database_url
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository's root, where manage.py is
+
+
+def manage_py() -> list[str]:
+    """The command line of `manage.py`, on this interpreter."""
+    return [sys.executable, str(ROOT / "manage.py")]
+
+
+def command_env(role: str = WORKER_ROLE, **extra: str) -> dict[str, str]:
+    """Environment for a `manage.py` subprocess on the test database as `role`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REMINDER_")}
+    env.update(DATABASE_URL=test_database_url(role), LOG_FORMAT="json",
+               PYTHONUNBUFFERED="1", **extra)
+    return env
 
 
 class Command:

@@ -23,9 +23,8 @@ from outbox.config import RelaySettings
 from outbox.lanes import ReadSize, StreamReader
 from outbox.relay import Relay, Wakeup
 from reminders import events
-from tests.conftest import test_database_url
 from tests.support.contract import assert_event_valid
-from tests.support.db_roles import as_role
+from tests.support.db_roles import as_role, test_database_url
 
 TOPIC = events.TOPIC
 BASE_TIME = datetime(2026, 11, 29, 3, 0, tzinfo=UTC)

@@ -13,7 +13,7 @@ import termios
 import time
 from dataclasses import dataclass
 
-from tests.conftest import manage_py
+from tests.support.processes import manage_py
 
 COLUMNS = 120
 BAR = re.compile(r"^(?P<desc>[a-z ]+): +(?P<pct>\d+)%\|[^|]*\| *(?P<done>\d+)/(?P<total>\d+) ")

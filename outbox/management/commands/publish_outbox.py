@@ -13,7 +13,7 @@ from django.core.management.base import CommandError
 from core.commands import ProjectCommand, stop_on_signals
 from core.config import ConfigError, parse_duration_or_zero
 from core.exit_codes import ExitCode
-from core.garbage import relax_garbage_collection
+from core.gc_tuning import relax_garbage_collection
 from core.health import Heartbeat, Verdict, database_ready
 from core.ops_server import Probes, operations_server
 from core.progress import ProgressBar
@@ -80,7 +80,7 @@ class Command(ProjectCommand):
         kafka.check_producer_config(settings)  # librdkafka's own check, offline: exit 2 too
         held_bound = parse_duration_or_zero("--held-bound", options["held_bound"])
         stood_by_bound = parse_duration_or_zero("--stood-by-bound", options["stood_by_bound"])
-        relax_garbage_collection()  # a few short-lived objects a row (core.garbage)
+        relax_garbage_collection()  # a few short-lived objects a row (core.gc_tuning)
         with stop_on_signals() as stop, refusals_as_exit_codes():
             if options["loop"]:
                 self._loop(settings, stop)

@@ -1,4 +1,4 @@
-"""core.garbage: start-up frozen out of the collector's walks, the young generation collected
+"""core.gc_tuning: start-up frozen out of the collector's walks, the young generation collected
 less often; the other generations' thresholds kept."""
 
 import gc
@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from core.garbage import YOUNG_THRESHOLD, relax_garbage_collection
+from core.gc_tuning import YOUNG_THRESHOLD, relax_garbage_collection
 
 PYTHON_DEFAULTS = (700, 10, 10)
 

@@ -23,7 +23,7 @@ def most_urgent_per_owner(due: list[Due], cap: int) -> list[Due]:
     return kept
 
 
-def plan_batch(
+def claim_batch(
     using: str,
     owner_ids: Sequence[uuid.UUID],
     window: rules.Window,
