@@ -1,4 +1,5 @@
-"""The worker's promises (issue 7, invariants (a)-(e)), checked from the database alone.
+"""The worker's promises, the invariants (a)-(e) the chaos tests hold (docs/testing.md),
+checked from the database alone.
 
     (a) no two markers for one (document, threshold);
     (b) every notified marker is in exactly one outbox event of the run that wrote it, for
