@@ -8,7 +8,14 @@ import uuid
 import pytest
 from django.db import connection
 
-from bench.bench_reminders import BenchConfig, drop_database, format_table, run_benchmark
+from bench.bench_reminders import (
+    BenchConfig,
+    BenchResult,
+    drop_database,
+    format_table,
+    run_benchmark,
+)
+from bench.cycle_phases import Phase
 
 SMOKE_DOCUMENTS = 20_000
 
@@ -39,6 +46,17 @@ def test_benchmark_runs_and_the_worker_equals_the_floor(shape: str) -> None:
 
     assert result is not None
     phases = {p.name.split(" (")[0]: p for p in result.phases}
+    check_the_worker_equals_the_floor(result, phases)
+    check_the_pipeline(phases)
+    if shape == "backlog":
+        check_the_pairs_alternate(result, phases)
+    else:
+        cold = phases["cold cycle"]
+        assert cold.window_documents and cold.window_documents < SMOKE_DOCUMENTS / 10
+
+
+def check_the_worker_equals_the_floor(result: BenchResult, phases: dict[str, Phase]) -> None:
+    """The cold cycle wrote what the floor wrote; the warm cycle nothing; the next day more."""
     assert result.floor_check["markers_differing"] == 0, result.floor_check
     assert result.floor_check["events_differing"] == 0, result.floor_check
     assert result.worker_equals_floor
@@ -53,24 +71,30 @@ def test_benchmark_runs_and_the_worker_equals_the_floor(shape: str) -> None:
     assert next_day.status == "succeeded" and next_day.markers
     assert cold.peak_rss_mb and cold.peak_rss_mb > 0
     assert cold.candidate_index is not None and cold.plan
+
+
+def check_the_pipeline(phases: dict[str, Phase]) -> None:
+    """The pipeline (cycle, then relay) put every event the cold cycle wrote on the topic."""
+    cold = phases["cold cycle"]
     cycle, relay, whole = (phases[f"pipeline: {n}"] for n in ("cycle", "relay", "end to end"))
     assert cycle.events == cold.events and relay.status == "succeeded", relay.status
     assert relay.events == relay.events_on_topic == whole.events_on_topic == cold.events
     assert whole.status == "succeeded" and whole.events_per_second
-    if shape == "backlog":
-        again, floor_again = phases["cold cycle, pair 2"], phases["floor, pair 2"]
-        assert [p.name for p in result.phases if p.name.startswith(("floor", "cold"))] == [
-            "floor (1 SQL statement)", "cold cycle", "floor, pair 2 (1 SQL statement)",
-            "cold cycle, pair 2"], "the pairs alternate"
-        assert again.status == "succeeded" and again.ratio_to_floor
-        assert (again.markers, again.events) == (floor_again.markers, floor_again.events) == (
-            cold.markers, cold.events)
-        assert "pair by pair" in format_table(result)
-        assert cold.window_documents == SMOKE_DOCUMENTS
-        assert phases["prune"].markers
-    else:
-        assert cold.window_documents and cold.window_documents < SMOKE_DOCUMENTS / 10
 
+
+def check_the_pairs_alternate(result: BenchResult, phases: dict[str, Phase]) -> None:
+    """backlog: the floor and the cold cycle twice, alternated; the second pair the same."""
+    cold = phases["cold cycle"]
+    again, floor_again = phases["cold cycle, pair 2"], phases["floor, pair 2"]
+    assert [p.name for p in result.phases if p.name.startswith(("floor", "cold"))] == [
+        "floor (1 SQL statement)", "cold cycle", "floor, pair 2 (1 SQL statement)",
+        "cold cycle, pair 2"], "the pairs alternate"
+    assert again.status == "succeeded" and again.ratio_to_floor
+    assert (again.markers, again.events) == (floor_again.markers, floor_again.events) == (
+        cold.markers, cold.events)
+    assert "pair by pair" in format_table(result)
+    assert cold.window_documents == SMOKE_DOCUMENTS
+    assert phases["prune"].markers
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("django_db_modify_db_settings")

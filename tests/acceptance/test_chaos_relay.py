@@ -8,6 +8,7 @@ import json
 import signal
 import subprocess
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from psycopg import errors
 
 from core.roles import RELAY_ROLE
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.read_topic import read_topic
+from devtools.read_topic import Record, read_topic
 from reminders.config import DEFAULT_THRESHOLDS
 from tests.support import chaos_report
 from tests.support.chaos import Worker, iso, load_spread_documents, outbox_count, scalar, wait_until
@@ -88,6 +89,39 @@ def race(as_of_offset: int) -> None:
     assert codes == [0] * WORKERS, [w.lines[-3:] for w in workers]
 
 
+@dataclass
+class Relays:
+    """The relay processes (the stopped leader replaced by a third), their logs (one a process
+    started) and the exit codes of those stopped with SIGTERM."""
+
+    bootstrap: str
+    logs: list[Path]
+    processes: list[subprocess.Popen[str]]
+    sigterm_codes: list[int] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, bootstrap: str, tmp_path: Path) -> "Relays":
+        logs = [tmp_path / f"relay-{n}.log" for n in range(RELAYS + 1)]
+        return cls(bootstrap, logs, [start_relay(bootstrap, logs[n]) for n in range(RELAYS)])
+
+    def stop_all(self) -> None:
+        self.sigterm_codes += [stop(relay) for relay in self.processes]
+
+    def published(self) -> list[int]:
+        """What each relay process said it published when it stopped."""
+        return [sum(int(e["published"]) for e in logged(log, "relay stopped"))
+                for log in self.logs]
+
+
+@dataclass
+class Outage:
+    """What the broker outage and the SIGTERM left: the rows that waited for the broker, and
+    what the stopped leader published."""
+
+    rows_waiting: int
+    leader_published: int = 0
+
+
 @pytest.mark.slow
 def test_workers_and_relays_racing_through_a_broker_outage_and_a_sigterm_lose_nothing(
     documents: Documents, kafka: MockKafkaCluster, tmp_path: Path,
@@ -96,39 +130,11 @@ def test_workers_and_relays_racing_through_a_broker_outage_and_a_sigterm_lose_no
     before = documents_md5()
     docs = documents_from_database()
     model = ReferenceLedger()
-    logs = [tmp_path / f"relay-{n}.log" for n in range(RELAYS + 1)]
-    relays = [start_relay(kafka.bootstrap_servers, logs[n]) for n in range(RELAYS)]
-    sigterm_codes = []
+    relays = Relays.start(kafka.bootstrap_servers, tmp_path)
     try:
         # Day 1: the broker goes down while the relays publish what the workers write.
-        workers = [Worker.start("--as-of", iso(day(-2)), REMINDER_BATCH_SIZE="100")
-                   for _ in range(WORKERS)]
-        wait_until(lambda: published() >= 50, timeout=120, what="the relays to publish")
-        kafka.set_down()
-        codes = [w.finish(timeout=300)[0] for w in workers]
-        assert codes == [0] * WORKERS, [w.lines[-3:] for w in workers]
-        waiting = unpublished()
-        assert waiting > 0  # the rows wait for the broker
-        # The broker comes back; the leading relay's marks wait on a lock this test holds, so
-        # it is stopped with SIGTERM while its batch is produced and not marked.
-        with marking_held():
-            kafka.set_up()
-            wait_until(lambda: relays_waiting_on_their_mark() == 1, timeout=120,
-                       what="the leading relay to wait on its mark")
-            [leader] = [n for n in range(RELAYS) if logged(logs[n], "relay leading")]
-            standby = RELAYS - 1 - leader
-            assert logged(logs[standby], "another relay leads, standing by")
-            marked_before = published()  # all by the leader: the standby has not led yet
-            relays[leader].send_signal(signal.SIGTERM)
-            wait_until(lambda: bool(logged(logs[leader], "stop requested")), timeout=30,
-                       what="the relay to take the signal with its batch in flight")
-        sigterm_codes.append(relays[leader].wait(timeout=60))  # a second SIGTERM would kill it
-        # Its batch in flight was recorded before it stopped, and the standby took over.
-        leader_published = int(logged(logs[leader], "relay stopped")[0]["published"])
-        assert leader_published > marked_before
-        wait_until(lambda: bool(logged(logs[standby], "relay leading")), timeout=60,
-                   what="the standby to take over")
-        relays[leader] = start_relay(kafka.bootstrap_servers, logs[RELAYS])
+        outage = race_while_the_broker_goes_down(kafka)
+        outage.leader_published = sigterm_the_leader_with_its_batch_in_flight(kafka, relays)
         wait_until(lambda: unpublished() == 0, timeout=180, what="the outbox to drain")
         model.run(docs, day(-2), DEFAULT_THRESHOLDS)
 
@@ -137,38 +143,99 @@ def test_workers_and_relays_racing_through_a_broker_outage_and_a_sigterm_lose_no
         wait_until(lambda: unpublished() == 0, timeout=180, what="the outbox to drain")
         model.run(docs, day(-1), DEFAULT_THRESHOLDS)
     finally:
-        sigterm_codes += [stop(relay) for relay in relays]
+        relays.stop_all()
 
-    assert sigterm_codes == [0] * (RELAYS + 1)
-    published_per_relay = [sum(int(e["published"]) for e in logged(log, "relay stopped"))
-                           for log in logs]
+    assert relays.sigterm_codes == [0] * (RELAYS + 1)
     snap = snapshot()
     figures = tally(snap, model)
     rows = outbox_rows()
     records = read_topic(kafka.bootstrap_servers, timeout=60)
-    copies = Counter(r.message_id for r in records)
+    record_the_race(loaded, outage, relays, rows, records, figures=figures)
+    check_invariants(documents_before=before, model=model, snap=snap)
+    # Both first relays published: the leader until its SIGTERM, the standby once it took over.
+    published_per_relay = relays.published()
+    assert all(n > 0 for n in published_per_relay[:RELAYS]), published_per_relay
+    check_every_event_on_the_topic_as_written_in_order_per_owner(rows, records)
+    assert_outbox_matches_contract()
+
+
+def race_while_the_broker_goes_down(kafka: MockKafkaCluster) -> Outage:
+    """The workers race while the relays publish; the broker goes down in the middle of it."""
+    workers = [Worker.start("--as-of", iso(day(-2)), REMINDER_BATCH_SIZE="100")
+               for _ in range(WORKERS)]
+    wait_until(lambda: published() >= 50, timeout=120, what="the relays to publish")
+    kafka.set_down()
+    codes = [w.finish(timeout=300)[0] for w in workers]
+    assert codes == [0] * WORKERS, [w.lines[-3:] for w in workers]
+    waiting = unpublished()
+    assert waiting > 0  # the rows wait for the broker
+    return Outage(rows_waiting=waiting)
+
+
+def sigterm_the_leader_with_its_batch_in_flight(kafka: MockKafkaCluster, relays: Relays) -> int:
+    """The broker comes back; the leading relay's marks wait on a lock this test holds, so it
+    is stopped with SIGTERM while its batch is produced and not marked. The standby takes over
+    and a new relay replaces the stopped one. What the stopped leader published."""
+    logs = relays.logs
+    with marking_held():
+        kafka.set_up()
+        wait_until(lambda: relays_waiting_on_their_mark() == 1, timeout=120,
+                   what="the leading relay to wait on its mark")
+        [leader] = [n for n in range(RELAYS) if logged(logs[n], "relay leading")]
+        standby = RELAYS - 1 - leader
+        assert logged(logs[standby], "another relay leads, standing by")
+        marked_before = published()  # all by the leader: the standby has not led yet
+        relays.processes[leader].send_signal(signal.SIGTERM)
+        wait_until(lambda: bool(logged(logs[leader], "stop requested")), timeout=30,
+                   what="the relay to take the signal with its batch in flight")
+    # a second SIGTERM would kill it
+    relays.sigterm_codes.append(relays.processes[leader].wait(timeout=60))
+    # Its batch in flight was recorded before it stopped, and the standby took over.
+    leader_published = int(logged(logs[leader], "relay stopped")[0]["published"])
+    assert leader_published > marked_before
+    wait_until(lambda: bool(logged(logs[standby], "relay leading")), timeout=60,
+               what="the standby to take over")
+    relays.processes[leader] = start_relay(relays.bootstrap, logs[RELAYS])
+    return leader_published
+
+
+def stream_order(rows: dict[str, tuple[str, object]]) -> dict[str, list[str]]:
+    """Per key, its message ids in the order the workers wrote them."""
     expected_order: dict[str, list[str]] = {}
     for message_id, (key, _payload) in rows.items():  # rows are in stream order
         expected_order.setdefault(key, []).append(message_id)
+    return expected_order
+
+
+def record_the_race(loaded: int, outage: Outage, relays: Relays,
+                    rows: dict[str, tuple[str, object]], records: list[Record], *,
+                    figures: dict[str, int]) -> None:
+    """The chaos report's figures (before any assertion on them, so a failure has them too)."""
+    copies = Counter(r.message_id for r in records)
+    expected_order = stream_order(rows)
     seen_order = first_seen_order(records)
     chaos_report.record(
         "relay: 4 workers + 2 relays, broker down, SIGTERM", documents=loaded, days=2,
         worker_runs=2 * WORKERS, relay_processes=RELAYS + 1, broker_outages=1,
-        rows_waiting_during_outage=waiting, relay_sigterms=len(sigterm_codes),
-        published_by_the_stopped_leader=leader_published,
-        published_per_relay=published_per_relay, events=len(rows), records_on_topic=len(records),
+        rows_waiting_during_outage=outage.rows_waiting,
+        relay_sigterms=len(relays.sigterm_codes),
+        published_by_the_stopped_leader=outage.leader_published,
+        published_per_relay=relays.published(), events=len(rows), records_on_topic=len(records),
         redelivered=sum(n - 1 for n in copies.values()),
         lost=len(set(rows) - set(copies)), unknown_on_topic=len(set(copies) - set(rows)),
         out_of_order_keys=sum(1 for k in expected_order if seen_order.get(k) != expected_order[k]),
         **{f"ledger_{name}": value for name, value in figures.items()})
-    check_invariants(documents_before=before, model=model, snap=snap)
-    # Both first relays published: the leader until its SIGTERM, the standby once it took over.
-    assert all(n > 0 for n in published_per_relay[:RELAYS]), published_per_relay
+
+
+def check_every_event_on_the_topic_as_written_in_order_per_owner(
+    rows: dict[str, tuple[str, object]], records: list[Record]
+) -> None:
+    """At least once, the same message id on a redelivery, in the stream's order per key."""
+    copies = Counter(r.message_id for r in records)
     assert set(copies) == set(rows), "lost or unknown messages on the topic"
     for record in records:
         assert record.json() == rows[record.message_id][1]
-    assert seen_order == expected_order
-    assert_outbox_matches_contract()
+    assert first_seen_order(records) == stream_order(rows)
 
 
 def outbox_rows() -> dict[str, tuple[str, object]]:

@@ -11,13 +11,14 @@ import os
 import shutil
 from collections import Counter
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Protocol
 
 import pytest
 
 from core.roles import AUDITOR_ROLE, RELAY_ROLE, WORKER_ROLE
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.read_topic import read_topic
+from devtools.read_topic import Record, read_topic
 from tests.support.clusters import Cluster, clusters, manage, new_database
 from tests.support.pg_binaries import bindir
 from tests.support.relay_support import wait_for
@@ -232,12 +233,7 @@ def test_a_point_in_time_restore_sends_again_what_came_after_that_point_and_lose
     kafka: MockKafkaCluster,
 ) -> None:
     with clusters("live", "restored") as (live, restored):
-        archive = live.dir / "archive"
-        archive.mkdir()
-        if os.geteuid() == 0:
-            shutil.chown(archive, "postgres")
-        live.settings += ["wal_level=replica", "archive_mode=on",
-                          f"archive_command='cp %p {archive}/%f'"]
+        archive = archive_the_wal_of(live)
         live.init(xid_epoch=3).start()
         new_database(live, DATABASE, owners=OWNERS)
         remind(live, days_ago(20))
@@ -252,42 +248,77 @@ def test_a_point_in_time_restore_sends_again_what_came_after_that_point_and_lose
         lost_day = event_ids(live) - written_before_the_point
         publish(live, kafka)  # and delivered: its reminders reach the topic before the restore
         assert lost_day and unpublished(live) == 0
-        live.sql(DATABASE, "select pg_switch_wal()")
-        wait_for(lambda: not live.sql("postgres", "select 1 from pg_stat_archiver"
-                                                  " where last_archived_wal is null"
-                                                  " or last_failed_time > last_archived_time"),
-                 timeout=60, what="the WAL archived")
-        live.stop()
-        (restored.data / "recovery.signal").touch()
-        with (restored.data / "postgresql.auto.conf").open("a") as conf:
-            conf.write(f"restore_command = 'cp {archive}/%f %p'\n"
-                       "recovery_target_name = 'before_the_relay_pass'\n"
-                       "recovery_target_action = 'promote'\n")
-        restored.start()
-        wait_for(lambda: not restored.sql("postgres", "select pg_is_in_recovery()")[0][0],
-                 timeout=60, what="the restore to end")
+        archive_the_last_wal_and_stop(live)
+        restore_to_the_point(restored, archive)
         assert event_ids(restored) == written_before_the_point
         remind(restored, days_ago(10))  # the lost day, written again
         publish(restored, kafka)
 
         assert unpublished(restored) == 0
-        # the lost day's reminders are written again under the ids they had (docs/design.md,
-        # "One arming, one message id"): on the topic, each reminder has one message_id
-        assert event_ids(restored) - written_before_the_point == lost_day
         records = read_topic(kafka.bootstrap_servers)
-        ids_by_reminder: dict[tuple[str, frozenset[tuple[str, int, str]]], set[str]] = {}
-        for record in records:
-            reminder = frozenset((d["documentId"], d["thresholdDays"], d["expiresAt"])
-                                 for d in record.json()["documents"])
-            ids_by_reminder.setdefault((record.key, reminder), set()).add(record.message_id)
-        assert len(ids_by_reminder) == len(event_ids(restored))
-        assert all(len(ids) == 1 for ids in ids_by_reminder.values())
-        # what the restore forgot it had delivered is sent again, once; the rest once
-        seen = Counter(r.message_id for r in records)
-        sent_again = event_ids(restored) - published_before_the_point
-        assert {i: seen[i] for i in sent_again} == dict.fromkeys(sent_again, 2)
-        assert {i: seen[i] for i in published_before_the_point} == dict.fromkeys(
-            published_before_the_point, 1)
-        assert set(seen) == event_ids(restored)
+        check_the_lost_day_written_again_under_its_ids(restored, records, lost_day,
+                                                       written_before_the_point)
+        check_sent_again_once_what_the_restore_forgot(restored, records,
+                                                      published_before_the_point)
         assert restored.sql(DATABASE, "select txid_offset from"
                                       " profile.outbox_relay_position") == [(0,)]
+
+
+def archive_the_wal_of(cluster: Cluster) -> Path:
+    """Archive mode on (before the cluster starts); the archive's directory."""
+    archive = cluster.dir / "archive"
+    archive.mkdir()
+    if os.geteuid() == 0:
+        shutil.chown(archive, "postgres")
+    cluster.settings += ["wal_level=replica", "archive_mode=on",
+                         f"archive_command='cp %p {archive}/%f'"]
+    return archive
+
+
+def archive_the_last_wal_and_stop(cluster: Cluster) -> None:
+    cluster.sql(DATABASE, "select pg_switch_wal()")
+    wait_for(lambda: not cluster.sql("postgres", "select 1 from pg_stat_archiver"
+                                                 " where last_archived_wal is null"
+                                                 " or last_failed_time > last_archived_time"),
+             timeout=60, what="the WAL archived")
+    cluster.stop()
+
+
+def restore_to_the_point(restored: Cluster, archive: Path) -> None:
+    """The base backup recovered from the archive up to the restore point, then promoted."""
+    (restored.data / "recovery.signal").touch()
+    with (restored.data / "postgresql.auto.conf").open("a") as conf:
+        conf.write(f"restore_command = 'cp {archive}/%f %p'\n"
+                   "recovery_target_name = 'before_the_relay_pass'\n"
+                   "recovery_target_action = 'promote'\n")
+    restored.start()
+    wait_for(lambda: not restored.sql("postgres", "select pg_is_in_recovery()")[0][0],
+             timeout=60, what="the restore to end")
+
+
+def check_the_lost_day_written_again_under_its_ids(
+    restored: Cluster, records: list[Record], lost_day: set[str],
+    written_before_the_point: set[str],
+) -> None:
+    """The lost day's reminders are written again under the ids they had (docs/design.md,
+    "One arming, one message id"): on the topic, each reminder has one message_id."""
+    assert event_ids(restored) - written_before_the_point == lost_day
+    ids_by_reminder: dict[tuple[str, frozenset[tuple[str, int, str]]], set[str]] = {}
+    for record in records:
+        reminder = frozenset((d["documentId"], d["thresholdDays"], d["expiresAt"])
+                             for d in record.json()["documents"])
+        ids_by_reminder.setdefault((record.key, reminder), set()).add(record.message_id)
+    assert len(ids_by_reminder) == len(event_ids(restored))
+    assert all(len(ids) == 1 for ids in ids_by_reminder.values())
+
+
+def check_sent_again_once_what_the_restore_forgot(
+    restored: Cluster, records: list[Record], published_before_the_point: set[str],
+) -> None:
+    """What the restore forgot it had delivered is sent again, once; the rest once."""
+    seen = Counter(r.message_id for r in records)
+    sent_again = event_ids(restored) - published_before_the_point
+    assert {i: seen[i] for i in sent_again} == dict.fromkeys(sent_again, 2)
+    assert {i: seen[i] for i in published_before_the_point} == dict.fromkeys(
+        published_before_the_point, 1)
+    assert set(seen) == event_ids(restored)

@@ -6,6 +6,7 @@ dry run, which runs rules.decide, must agree. The independent reference model
 
 import uuid
 from collections import Counter
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from itertools import chain, combinations
 
@@ -14,6 +15,7 @@ from django.db import connection
 
 from devtools.demo_data import PersonDocument
 from reminders import rules
+from reminders.result import CycleResult
 from tests.support.contract import assert_outbox_matches_contract
 from tests.support.db_roles import CycleRunner
 from tests.support.factories import Documents
@@ -80,51 +82,81 @@ def test_claim_statement_decides_as_the_pure_rules(
     run: CycleRunner, documents: Documents, batch_size: int
 ) -> None:
     grid = _grid(documents)
+    expected = _decided_by_the_rules(grid)
+
+    planned = run(AS_OF, thresholds=THRESHOLDS, batch_size=batch_size, dry_run=True)
+    result = run(AS_OF, thresholds=THRESHOLDS, batch_size=batch_size)
+
+    _check_the_cycle_wrote_what_the_rules_decide(grid, expected, result, planned)
+    _check_the_dry_run_planned_what_the_cycle_did(planned, result)
+    _check_the_reference_model_agrees(grid)
+    assert_outbox_matches_contract()
+
+
+@dataclass
+class _Decided:
+    """What rules.decide makes of the grid."""
+
     # (document, threshold) -> (the marker's expiry date, notified): the grid's markers, then
     # the decisions' markers over them (a new marker, or a stale one re-armed in place)
-    expected_ledger = {(doc.id, t): (on, False) for doc, marked in grid for t, on in marked.items()}
-    expected_markers: set[Marker] = set()
-    expected_items: dict[str, dict[str, tuple[int, int]]] = {}
-    rearmed = 0
+    ledger: dict[tuple[uuid.UUID, int], tuple[date, bool]]
+    markers: set[Marker] = field(default_factory=set)
+    # owner -> document -> (threshold notified, days left)
+    items: dict[str, dict[str, tuple[int, int]]] = field(default_factory=dict)
+    rearmed: int = 0
+
+
+def _decided_by_the_rules(grid: list[tuple[PersonDocument, dict[int, date]]]) -> _Decided:
+    expected = _Decided(ledger={(doc.id, t): (on, False) for doc, marked in grid
+                                for t, on in marked.items()})
     for doc, marked in grid:
         assert doc.expires_at is not None
         decision = rules.decide(doc.expires_at.date(), TODAY, THRESHOLDS, marked)
         if decision is None:
             continue
-        expected_markers |= {Marker(doc.id, t, t == decision.notify) for t in decision.markers}
-        expected_ledger |= {(doc.id, t): (doc.expires_at.date(), t == decision.notify)
+        expected.markers |= {Marker(doc.id, t, t == decision.notify) for t in decision.markers}
+        expected.ledger |= {(doc.id, t): (doc.expires_at.date(), t == decision.notify)
                             for t in decision.markers}
-        rearmed += len(decision.rearmed)
+        expected.rearmed += len(decision.rearmed)
         if decision.notify is not None:
-            expected_items.setdefault(str(doc.owner_user_id), {})[str(doc.id)] = (
+            expected.items.setdefault(str(doc.owner_user_id), {})[str(doc.id)] = (
                 decision.notify, decision.days_left)
+    return expected
 
-    planned = run(AS_OF, thresholds=THRESHOLDS, batch_size=batch_size, dry_run=True)
-    result = run(AS_OF, thresholds=THRESHOLDS, batch_size=batch_size)
 
-    assert rearmed > 0  # the grid has stale markers that the rules replace
-    assert _ledger() == expected_ledger
+def _check_the_cycle_wrote_what_the_rules_decide(
+    grid: list[tuple[PersonDocument, dict[int, date]]], expected: _Decided,
+    result: CycleResult, planned: CycleResult,
+) -> None:
+    assert expected.rearmed > 0  # the grid has stale markers that the rules replace
+    assert _ledger() == expected.ledger
     got = {e["ownerUserId"]: {d["documentId"]: (d["thresholdDays"], d["daysLeft"])
                               for d in e["documents"]} for e in events()}
     assert len(events()) == len(got)  # one event per owner
-    assert got == expected_items
+    assert got == expected.items
     assert result.window_documents == len(grid)
     assert result.due_documents == sum(
         1 for doc, marked in grid
         if doc.expires_at is not None
         and rules.decide(doc.expires_at.date(), TODAY, THRESHOLDS, marked) is not None)
-    assert result.markers_written == len(expected_markers)
-    assert result.markers_rearmed == planned.markers_rearmed == rearmed
-    assert result.reminders_sent == sum(len(items) for items in expected_items.values())
+    assert result.markers_written == len(expected.markers)
+    assert result.markers_rearmed == planned.markers_rearmed == expected.rearmed
+    assert result.reminders_sent == sum(len(items) for items in expected.items.values())
     assert Counter(result.reminders_by_threshold) == Counter(
-        t for items in expected_items.values() for t, _ in items.values())
+        t for items in expected.items.values() for t, _ in items.values())
+
+
+def _check_the_dry_run_planned_what_the_cycle_did(planned: CycleResult,
+                                                  result: CycleResult) -> None:
     assert (planned.due_documents, planned.markers_written, planned.owners_notified,
             dict(planned.reminders_by_threshold)) == (
         result.due_documents, result.markers_written, result.owners_notified,
         dict(result.reminders_by_threshold))
 
-    # A second oracle, written from the design apart from reminders.rules: a mistake shared by
-    # rules.decide and the SQL would pass everything above, not this.
+
+def _check_the_reference_model_agrees(grid: list[tuple[PersonDocument, dict[int, date]]]) -> None:
+    """A second oracle, written from the design apart from reminders.rules: a mistake shared by
+    rules.decide and the SQL would pass the checks above, not this."""
     model = ReferenceLedger()
     for doc, marked in grid:
         # each grid marker answers for its own date (a stale one for an earlier expiry)
@@ -132,7 +164,6 @@ def test_claim_statement_decides_as_the_pure_rules(
                                  for t, on in marked.items()}
     model.run(documents_from_database(), AS_OF, THRESHOLDS)
     check_matches_model(model)
-    assert_outbox_matches_contract()
 
 
 def _ledger() -> dict[tuple[uuid.UUID, int], tuple[date, bool]]:

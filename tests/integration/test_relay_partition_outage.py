@@ -10,7 +10,10 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 import pytest
@@ -20,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from core.logs import _FIELDS
 from devtools.mock_kafka import MockKafkaCluster
-from devtools.read_topic import read_topic
+from devtools.read_topic import Record, read_topic
 from outbox import metrics
 from outbox.kafka import PARTITION_FAILING, PARTITION_RESTORED
 from outbox.producer import RelayProducer
@@ -76,30 +79,11 @@ def partition_lines(caplog: pytest.LogCaptureFixture, event: str) -> list[dict[s
 def test_one_partitions_leader_down_holds_back_only_its_keys_and_sends_no_message_a_third_time(
     transactional_db: None, kafka: MockKafkaCluster, caplog: pytest.LogCaptureFixture
 ) -> None:
-    kafka.create_topic(TOPIC, PARTITIONS, 3)
-    down, *others = kafka.broker_ids
-    set_partition_leader(kafka, TOPIC, 0, down)  # the down broker leads partition 0 only
-    for partition in range(1, PARTITIONS):
-        set_partition_leader(kafka, TOPIC, partition, others[partition % len(others)])
-    keys = [keys_on(p, PARTITIONS, KEYS_PER_PARTITION, "investor") for p in range(PARTITIONS)]
-    interleaved = [k for group in zip(*keys, strict=True) for k in group]
-    rows: list[Row] = [insert_outbox(k, created_at=BASE_TIME, seq=n)
-                       for n in range(EVENTS_PER_KEY) for k in interleaved]
-    on_down = {str(r.id) for r in rows if partition_of(r.key, PARTITIONS) == 0}
-    elsewhere = {str(r.id) for r in rows} - on_down
-
-    def write_more(seq: int) -> None:
-        """Events written during the outage: one more for every investor."""
-        more = [insert_outbox(k, created_at=BASE_TIME, seq=seq) for k in interleaved]
-        rows.extend(more)
-        on_down.update(str(r.id) for r in more if partition_of(r.key, PARTITIONS) == 0)
-        elsewhere.update(str(r.id) for r in more if partition_of(r.key, PARTITIONS) != 0)
+    down = lead_partition_0_by_one_broker_alone(kafka)
+    written = Written.first_events()
     registry = CollectorRegistry()
     metrics.install_relay_metrics(registry)
-
-    def sample(name: str) -> float:
-        return registry.get_sample_value(name, {"topic": TOPIC, "partition": "0"}) or 0.0
-
+    sample = partial(partition_0_sample, registry)
     deferred_before = sample("profile_outbox_deferred_total")
     settings = relay_settings(kafka.bootstrap_servers, batch_size=10,
                               delivery_timeout=timedelta(seconds=2),
@@ -111,49 +95,118 @@ def test_one_partitions_leader_down_holds_back_only_its_keys_and_sends_no_messag
     with caplog.at_level(logging.INFO, logger="outbox.relay"):
         relay.start()
         try:
-            # During the outage: every other partition's events are recorded as published.
-            wait_for(lambda: published_ids() >= elsewhere, timeout=90,
-                     what="every event of the partitions with a leader recorded as published")
-            assert published_ids() == elsewhere
-            # ... and partition 0's wait in the slow lane, no attempt counted: the heads that
-            # timed out are on their way again on the patient producer (which never gives up
-            # on them: no third copy), the later rows held behind them or kept back.
-            heads = len(keys[0])
-            wait_for(lambda: sample("profile_outbox_deferred_total") - deferred_before
-                     >= heads and {i for i, _a, _p in slow_lane_rows()} == on_down, timeout=60,
-                     what="partition 0's rows deferred")
-            detoured = slow_lane_rows()
-            assert {i for i, _a, _p in detoured} == on_down
-            assert all(attempts == 0 and not parked for _i, attempts, parked in detoured)
-            assert sample("profile_outbox_partition_unavailable") == 1.0
-            assert published_ids() == elsewhere
-            # Events written now, with partition 0's rows waiting in the slow lane, go out too.
-            write_more(EVENTS_PER_KEY)
-            wait_for(lambda: published_ids() >= elsewhere, timeout=90,
-                     what="the events written during the outage recorded as published")
-            assert published_ids() == elsewhere
-            failing = partition_lines(caplog, PARTITION_FAILING)
-            assert failing and {(f["topic"], f["partition"]) for f in failing} == {(TOPIC, 0)}
+            check_every_other_partitions_events_published(written)
+            check_partition_0s_rows_wait_in_the_slow_lane(written, sample, deferred_before)
+            check_events_written_during_the_outage_go_out_too(written, caplog)
 
             kafka.set_up(down)
-            wait_for(lambda: len(published_ids()) == len(rows), timeout=60,
+            wait_for(lambda: len(published_ids()) == len(written.rows), timeout=60,
                      what="partition 0's events delivered once it is back")
         finally:
             relay.stop_and_join()
 
+    check_partition_0_restored_and_one_attempt_each(sample, caplog)
+    check_the_topic_holds_each_event_at_most_twice_in_order(
+        read_topic(kafka.bootstrap_servers), written)
+
+
+@dataclass
+class Written:
+    """The events written, by where they go: partition 0 (its leader down) or elsewhere."""
+
+    keys: list[list[str]]  # per partition
+    interleaved: list[str]  # the keys, the partitions in turn
+    rows: list[Row]
+    on_down: set[str]
+    elsewhere: set[str]
+
+    @classmethod
+    def first_events(cls) -> "Written":
+        """EVENTS_PER_KEY events for each of KEYS_PER_PARTITION keys on every partition."""
+        keys = [keys_on(p, PARTITIONS, KEYS_PER_PARTITION, "investor") for p in range(PARTITIONS)]
+        interleaved = [k for group in zip(*keys, strict=True) for k in group]
+        rows: list[Row] = [insert_outbox(k, created_at=BASE_TIME, seq=n)
+                           for n in range(EVENTS_PER_KEY) for k in interleaved]
+        on_down = {str(r.id) for r in rows if partition_of(r.key, PARTITIONS) == 0}
+        elsewhere = {str(r.id) for r in rows} - on_down
+        return cls(keys, interleaved, rows, on_down, elsewhere)
+
+    def write_more(self, seq: int) -> None:
+        """Events written during the outage: one more for every investor."""
+        more = [insert_outbox(k, created_at=BASE_TIME, seq=seq) for k in self.interleaved]
+        self.rows.extend(more)
+        self.on_down.update(str(r.id) for r in more if partition_of(r.key, PARTITIONS) == 0)
+        self.elsewhere.update(str(r.id) for r in more if partition_of(r.key, PARTITIONS) != 0)
+
+
+def lead_partition_0_by_one_broker_alone(kafka: MockKafkaCluster) -> int:
+    """The topic, partition 0 led by a broker that leads no other; that broker."""
+    kafka.create_topic(TOPIC, PARTITIONS, 3)
+    down, *others = kafka.broker_ids
+    set_partition_leader(kafka, TOPIC, 0, down)  # the down broker leads partition 0 only
+    for partition in range(1, PARTITIONS):
+        set_partition_leader(kafka, TOPIC, partition, others[partition % len(others)])
+    return down
+
+
+def partition_0_sample(registry: CollectorRegistry, name: str) -> float:
+    return registry.get_sample_value(name, {"topic": TOPIC, "partition": "0"}) or 0.0
+
+
+def check_every_other_partitions_events_published(written: Written) -> None:
+    """During the outage: every other partition's events are recorded as published."""
+    wait_for(lambda: published_ids() >= written.elsewhere, timeout=90,
+             what="every event of the partitions with a leader recorded as published")
+    assert published_ids() == written.elsewhere
+
+
+def check_partition_0s_rows_wait_in_the_slow_lane(written: Written, sample: Callable[[str], float],
+                                                  deferred_before: float) -> None:
+    """... and partition 0's wait in the slow lane, no attempt counted: the heads that timed
+    out are on their way again on the patient producer (which never gives up on them: no third
+    copy), the later rows held behind them or kept back."""
+    heads = len(written.keys[0])
+    wait_for(lambda: sample("profile_outbox_deferred_total") - deferred_before
+             >= heads and {i for i, _a, _p in slow_lane_rows()} == written.on_down, timeout=60,
+             what="partition 0's rows deferred")
+    detoured = slow_lane_rows()
+    assert {i for i, _a, _p in detoured} == written.on_down
+    assert all(attempts == 0 and not parked for _i, attempts, parked in detoured)
+    assert sample("profile_outbox_partition_unavailable") == 1.0
+    assert published_ids() == written.elsewhere
+
+
+def check_events_written_during_the_outage_go_out_too(written: Written,
+                                                      caplog: pytest.LogCaptureFixture) -> None:
+    """Events written now, with partition 0's rows waiting in the slow lane, go out too; the
+    outage is logged for partition 0 alone."""
+    written.write_more(EVENTS_PER_KEY)
+    wait_for(lambda: published_ids() >= written.elsewhere, timeout=90,
+             what="the events written during the outage recorded as published")
+    assert published_ids() == written.elsewhere
+    failing = partition_lines(caplog, PARTITION_FAILING)
+    assert failing and {(f["topic"], f["partition"]) for f in failing} == {(TOPIC, 0)}
+
+
+def check_partition_0_restored_and_one_attempt_each(sample: Callable[[str], float],
+                                                    caplog: pytest.LogCaptureFixture) -> None:
     assert sample("profile_outbox_partition_unavailable") == 0.0
     assert [f["partition"] for f in partition_lines(caplog, PARTITION_RESTORED)] == [0]
     # One attempt each: its delivery (mark_published counts it), none for the outage.
     assert all(attempts == 1 and not parked for _i, attempts, parked in slow_lane_rows())
-    records = read_topic(kafka.bootstrap_servers)
+
+
+def check_the_topic_holds_each_event_at_most_twice_in_order(records: list[Record],
+                                                            written: Written) -> None:
+    """Every event, none a third time, in order per key, partition 0's on partition 0."""
     copies = Counter(r.message_id for r in records)
-    assert set(copies) == on_down | elsewhere
+    assert set(copies) == written.on_down | written.elsewhere
     assert max(copies.values()) <= 2, copies.most_common(3)
     by_key: dict[str, list[str]] = {}
-    for row in rows:
+    for row in written.rows:
         by_key.setdefault(row.key, []).append(str(row.id))
     assert first_seen_order(records) == by_key
-    assert {r.partition for r in records if r.message_id in on_down} == {0}
+    assert {r.partition for r in records if r.message_id in written.on_down} == {0}
 
 
 def test_a_later_row_read_ahead_before_its_key_was_deferred_is_held_not_sent(

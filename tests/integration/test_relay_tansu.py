@@ -6,8 +6,11 @@ The round trip runs on both brokers in test_relay.py."""
 
 import json
 import signal
+import subprocess
 import urllib.request
+import uuid
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,22 +102,8 @@ def test_broker_killed_mid_pass_and_restarted_nothing_unacknowledged_is_marked(
                     LOG_LEVEL="DEBUG")
     relay = start_relay(env, "--loop", log=log)
     try:
-        wait_for(lambda: total - unpublished_count() >= 600, timeout=90,
-                 what="a fifth of the rows published")
-        relay.send_signal(signal.SIGSTOP)
-        marked_at_stop = _published_ids()
-        acknowledged_before = _ids(read_topic(tansu.bootstrap_servers, timeout=60))
-        assert marked_at_stop <= acknowledged_before, "marked before the broker acknowledged"
-        assert len(acknowledged_before) < total, "the pass must be cut in the middle"
-
-        tansu.kill()
-        relay.send_signal(signal.SIGCONT)
-        wait_for(lambda: "broker unavailable, backing off" in log.read_text(), timeout=60,
-                 what="the relay to back off while the broker is dead")
-        marked_while_down = _published_ids()
-        # Only what the dead broker had acknowledged may have been marked meanwhile.
-        assert marked_while_down <= acknowledged_before
-
+        kill = _freeze_the_relay_mid_pass_and_read_the_topic(relay, tansu, total)
+        _kill_the_broker_and_check_only_acknowledged_rows_marked(relay, tansu, log, kill)
         tansu.start()  # same port, empty memory
         wait_for(lambda: unpublished_count() == 0, timeout=120, what="every row published")
     finally:
@@ -125,7 +114,49 @@ def test_broker_killed_mid_pass_and_restarted_nothing_unacknowledged_is_marked(
     assert relay.returncode == 0, log.read_text()[-3000:]
 
     after = read_topic(tansu.bootstrap_servers, timeout=60)
+    _check_every_row_sent_and_in_order_per_key(written, kill, after)
+    _check_no_attempt_counted_and_the_log_not_flooded(log)
+    _record_the_kill(total, kill, after, log)
+
+
+@dataclass
+class _Kill:
+    """What the relay had marked and the first broker acknowledged when the relay was frozen,
+    and what the relay marked while the broker was dead."""
+
+    marked_at_stop: set[str]
+    acknowledged_before: set[str]
+    marked_while_down: set[str] = field(default_factory=set)
+
+
+def _freeze_the_relay_mid_pass_and_read_the_topic(relay: subprocess.Popen[str],
+                                                  tansu: TansuBroker, total: int) -> _Kill:
+    wait_for(lambda: total - unpublished_count() >= 600, timeout=90,
+             what="a fifth of the rows published")
+    relay.send_signal(signal.SIGSTOP)
+    marked_at_stop = _published_ids()
+    acknowledged_before = _ids(read_topic(tansu.bootstrap_servers, timeout=60))
+    assert marked_at_stop <= acknowledged_before, "marked before the broker acknowledged"
+    assert len(acknowledged_before) < total, "the pass must be cut in the middle"
+    return _Kill(marked_at_stop, acknowledged_before)
+
+
+def _kill_the_broker_and_check_only_acknowledged_rows_marked(
+    relay: subprocess.Popen[str], tansu: TansuBroker, log: Path, kill: _Kill
+) -> None:
+    tansu.kill()
+    relay.send_signal(signal.SIGCONT)
+    wait_for(lambda: "broker unavailable, backing off" in log.read_text(), timeout=60,
+             what="the relay to back off while the broker is dead")
+    kill.marked_while_down = _published_ids()
+    # Only what the dead broker had acknowledged may have been marked meanwhile.
+    assert kill.marked_while_down <= kill.acknowledged_before
+
+
+def _check_every_row_sent_and_in_order_per_key(written: dict[str, list[uuid.UUID]], kill: _Kill,
+                                               after: list[Record]) -> None:
     delivered_after = _ids(after)
+    acknowledged_before = kill.acknowledged_before
     everything = {str(i) for ids in written.values() for i in ids}
     assert acknowledged_before | delivered_after == everything, "a row was marked but never sent"
     assert everything - acknowledged_before <= delivered_after
@@ -137,22 +168,34 @@ def test_broker_killed_mid_pass_and_restarted_nothing_unacknowledged_is_marked(
         assert order_after.get(key, []) == resent
         if resent:
             assert set(ids_s[: ids_s.index(resent[0])]) <= acknowledged_before
+
+
+def _outage_lines(lines: list[str]) -> list[str]:
+    return [ln for ln in lines if '"kafka connection' in ln]
+
+
+def _check_no_attempt_counted_and_the_log_not_flooded(log: Path) -> None:
     # The broker's death is not the messages' fault: no attempt counted, no error kept.
     # (Published in the stream: the position moved past them, no row was written.)
     assert {(r["attempts"], r["last_error"], r["detoured_at"]) for r in outbox_state()} \
         == {(0, None, None)}
+    assert len(_outage_lines(log.read_text().splitlines())) <= 20, \
+        "librdkafka's errors flooded the log"
+
+
+def _record_the_kill(total: int, kill: _Kill, after: list[Record], log: Path) -> None:
+    delivered_after = _ids(after)
     lines = log.read_text().splitlines()
-    outage_lines = [ln for ln in lines if '"kafka connection' in ln]
-    assert len(outage_lines) <= 20, "librdkafka's errors flooded the log"
     copies = Counter(r.message_id for r in after)
     chaos_report.record(
         "relay on Tansu: broker SIGKILLed mid-pass, restarted on its port", rows=total,
-        acknowledged_by_first_broker=len(acknowledged_before), marked_when_frozen=len(marked_at_stop),
-        marked_while_down=len(marked_while_down), delivered_by_second=len(delivered_after),
-        sent_twice=len(acknowledged_before & delivered_after),
+        acknowledged_by_first_broker=len(kill.acknowledged_before),
+        marked_when_frozen=len(kill.marked_at_stop),
+        marked_while_down=len(kill.marked_while_down), delivered_by_second=len(delivered_after),
+        sent_twice=len(kill.acknowledged_before & delivered_after),
         duplicates_on_second=sum(n - 1 for n in copies.values()),
         producer_replaced=sum('"producer failed fatally' in ln for ln in lines),
-        outage_lines=len(outage_lines), unacknowledged_marked=0)
+        outage_lines=len(_outage_lines(lines)), unacknowledged_marked=0)
 
 
 def _events(log: Path) -> list[dict[str, Any]]:

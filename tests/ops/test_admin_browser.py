@@ -30,7 +30,14 @@ from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
 
 from reminders.models import DocumentExpiryReminder, ReminderRun
-from tests.support.admin_data import PASSWORD, finished_run, ledger_rows, outbox_message, staff_viewer
+from tests.support.admin_data import (
+    PASSWORD,
+    Owner,
+    finished_run,
+    ledger_rows,
+    outbox_message,
+    staff_viewer,
+)
 from tests.support.admin_server import (
     PRODUCTION_TLS,
     AdminServer,
@@ -191,10 +198,26 @@ def test_staff_viewer_browses_the_ledger_read_only(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     base_url = admin_behind_tls.url
+    check_plain_http_is_redirected_to_https(base_url)
+    browser.delete_all_cookies()
+    log_in_to_the_ledger_list(browser, base_url, capsys)
+    filter_the_ledger_by_threshold(browser)
+    owner = ledger["owner"]
+    search_an_owner(browser, owner)
+    open_a_marker_read_only(browser, owner)
+    look_at_the_overview(browser, base_url, capsys)
+    look_at_the_run_history(browser, base_url, capsys)
+    follow_a_run_to_its_events(browser, capsys)
+
+
+def check_plain_http_is_redirected_to_https(base_url: str) -> None:
     plain = requests.get(f"{base_url}/admin/", allow_redirects=False, timeout=WAIT_SECONDS)
     assert plain.status_code == 301 and plain.headers["Location"].startswith("https://")
 
-    browser.delete_all_cookies()
+
+def log_in_to_the_ledger_list(browser: WebDriver, base_url: str,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    """Logged in, the ledger list is styled, the session cookie Secure and HttpOnly."""
     log_in(browser, base_url, "/admin/reminders/documentexpiryreminder/", "viewer")
     wait(browser).until(ec.presence_of_element_located((By.ID, "result_list")))
     assert_styled_by_base_css(browser)
@@ -204,13 +227,17 @@ def test_staff_viewer_browses_the_ledger_read_only(
     screenshot(browser, "ledger-list.png", capsys)
     assert_fits_the_window(browser)
 
+
+def filter_the_ledger_by_threshold(browser: WebDriver) -> None:
     browser.find_element(By.LINK_TEXT, "7 days").click()
     wait(browser).until(ec.url_contains("threshold_days=7"))
     wait(browser).until(ec.presence_of_element_located((By.ID, "result_list")))
     thresholds = column(browser, "threshold_days")
     assert thresholds and set(thresholds) == {"7"}
 
-    owner = ledger["owner"]
+
+def search_an_owner(browser: WebDriver, owner: Owner) -> None:
+    """The owner's markers (within the threshold filter), and only theirs."""
     search = browser.find_element(By.ID, "searchbar")
     search.clear()
     search.send_keys(str(owner.owner_user_id))
@@ -221,6 +248,9 @@ def test_staff_viewer_browses_the_ledger_read_only(
     assert len(full_ids(browser, "document")) == DocumentExpiryReminder.objects.filter(
         owner_user_id=owner.owner_user_id, threshold_days=7).count() == 2
 
+
+def open_a_marker_read_only(browser: WebDriver, owner: Owner) -> None:
+    """The marker's page: read-only fields, no save, delete or add."""
     browser.find_element(By.CSS_SELECTOR, "#result_list th.field-document a").click()
     wait(browser).until(ec.url_contains("/change/"))
     wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, "div.readonly")))
@@ -229,6 +259,9 @@ def test_staff_viewer_browses_the_ledger_read_only(
     assert browser.find_elements(By.CSS_SELECTOR, "a.deletelink, input[name=_addanother]") == []
     assert browser.find_elements(By.CSS_SELECTOR, "#content form input[type=submit]") == []
 
+
+def look_at_the_overview(browser: WebDriver, base_url: str,
+                         capsys: pytest.CaptureFixture[str]) -> None:
     browser.get(base_url + "/admin/reminders/documentexpiryreminder/overview/")
     wait(browser).until(ec.presence_of_element_located((By.CSS_SELECTOR, "#overview-chart svg rect")))
     assert_styled_by_base_css(browser)
@@ -237,6 +270,10 @@ def test_staff_viewer_browses_the_ledger_read_only(
     screenshot(browser, "overview.png", capsys)
     assert_fits_the_window(browser)
 
+
+def look_at_the_run_history(browser: WebDriver, base_url: str,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    """Failed and partial runs stand out; a run's error is in its preview's hover text."""
     browser.get(base_url + "/admin/reminders/reminderrun/")
     wait(browser).until(ec.presence_of_element_located((By.ID, "result_list")))
     assert browser.find_elements(By.CSS_SELECTOR, ".run-status-failed, .run-status-partial")
@@ -245,6 +282,9 @@ def test_staff_viewer_browses_the_ledger_read_only(
     screenshot(browser, "runs-list.png", capsys)
     assert_fits_the_window(browser)
 
+
+def follow_a_run_to_its_events(browser: WebDriver, capsys: pytest.CaptureFixture[str]) -> None:
+    """The latest run's events link: its outbox messages, the parked one marked."""
     browser.find_element(By.CSS_SELECTOR, "#result_list tbody tr:first-child .run-links a:last-child").click()
     wait(browser).until(ec.url_contains("correlation_id="))
     wait(browser).until(ec.presence_of_element_located((By.ID, "result_list")))

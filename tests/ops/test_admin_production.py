@@ -13,13 +13,15 @@ from typing import Any
 import pytest
 import requests
 from django.contrib.admin.models import LogEntry
-from django.contrib.auth.models import Permission
+from django.contrib.auth.models import Permission, User
 from prometheus_client.parser import text_string_to_metric_families
 
 from core.roles import ADMIN_WEB_ROLE
-from tests.support.admin_data import PASSWORD, ledger_rows, outbox_message, staff_viewer
+from outbox.models import OutboxMessage
+from tests.support.admin_data import PASSWORD, Owner, ledger_rows, outbox_message, staff_viewer
 from tests.support.admin_server import (
     PRODUCTION_TLS,
+    AdminServer,
     admin_env,
     admin_server,
     collect_static,
@@ -72,41 +74,71 @@ def test_admin_works_under_gunicorn_as_its_own_role(
     assert env["DATABASE_URL"].startswith(f"postgres://{ADMIN_WEB_ROLE}@")
 
     with admin_server(env) as server:
-        css = http.get(f"{server.url}/static/admin/css/base.css", timeout=TIMEOUT_S)
-        assert css.status_code == 200
-        assert css.headers["Content-Type"].startswith("text/css")
-        assert css.headers.get("Content-Encoding") == "gzip"  # collectstatic compressed it
-        assert "--body-fg" in css.text
-        assert http.get(f"{server.url}/metrics", timeout=TIMEOUT_S).status_code == 404
-
+        check_static_files_served_compressed_and_no_metrics_beside_them(http, server)
         log_in(http, server.url, "operator")
-        ledger = http.get(f"{server.url}/admin/reminders/documentexpiryreminder/", timeout=TIMEOUT_S)
-        assert ledger.status_code == 200 and str(owner.owner_user_id) in ledger.text
-        overview = http.get(f"{server.url}/admin/reminders/documentexpiryreminder/overview/",
-                            timeout=TIMEOUT_S)
-        assert overview.status_code == 200 and "1 parked" in overview.text
-        outbox_url = f"{server.url}/admin/outbox/outboxmessage/"
-        outbox = http.get(outbox_url, timeout=TIMEOUT_S)
-        assert outbox.status_code == 200 and parked.message_key in outbox.text
-        requeued = http.post(outbox_url, timeout=TIMEOUT_S, data={
-            "csrfmiddlewaretoken": csrf_token(outbox.text), "action": "requeue_parked",
-            "index": "0", "_selected_action": [str(parked.pk), str(waiting.pk)],
-        })
-        assert requeued.status_code == 200
-        assert "Re-queued 1 parked message(s)." in requeued.text
+        check_the_ledger_and_the_overview_pages(http, server, owner)
+        requeue_from_the_outbox_page(http, server, parked, waiting)
+        metrics = check_the_ops_port_serves_metrics_and_probes_only(http, server)
 
-        metrics = http.get(f"{server.ops_url}/metrics", timeout=TIMEOUT_S)
-        assert metrics.status_code == 200
-        assert http.get(f"{server.ops_url}/healthz", timeout=TIMEOUT_S).status_code == 200
-        assert http.get(f"{server.ops_url}/readyz", timeout=TIMEOUT_S).status_code == 200
-        assert http.get(f"{server.ops_url}/admin/login/", timeout=TIMEOUT_S).status_code == 404
+    check_the_requeue_was_made_and_logged(parked, operator)
+    check_the_metrics_counted_the_login_and_the_requeue(metrics)
 
+
+def check_static_files_served_compressed_and_no_metrics_beside_them(
+    http: requests.Session, server: AdminServer
+) -> None:
+    css = http.get(f"{server.url}/static/admin/css/base.css", timeout=TIMEOUT_S)
+    assert css.status_code == 200
+    assert css.headers["Content-Type"].startswith("text/css")
+    assert css.headers.get("Content-Encoding") == "gzip"  # collectstatic compressed it
+    assert "--body-fg" in css.text
+    assert http.get(f"{server.url}/metrics", timeout=TIMEOUT_S).status_code == 404
+
+
+def check_the_ledger_and_the_overview_pages(http: requests.Session, server: AdminServer,
+                                            owner: Owner) -> None:
+    ledger = http.get(f"{server.url}/admin/reminders/documentexpiryreminder/", timeout=TIMEOUT_S)
+    assert ledger.status_code == 200 and str(owner.owner_user_id) in ledger.text
+    overview = http.get(f"{server.url}/admin/reminders/documentexpiryreminder/overview/",
+                        timeout=TIMEOUT_S)
+    assert overview.status_code == 200 and "1 parked" in overview.text
+
+
+def requeue_from_the_outbox_page(http: requests.Session, server: AdminServer,
+                                 parked: OutboxMessage, waiting: OutboxMessage) -> None:
+    """The outbox list shows the parked message; its action re-queues it (and only it)."""
+    outbox_url = f"{server.url}/admin/outbox/outboxmessage/"
+    outbox = http.get(outbox_url, timeout=TIMEOUT_S)
+    assert outbox.status_code == 200 and parked.message_key in outbox.text
+    requeued = http.post(outbox_url, timeout=TIMEOUT_S, data={
+        "csrfmiddlewaretoken": csrf_token(outbox.text), "action": "requeue_parked",
+        "index": "0", "_selected_action": [str(parked.pk), str(waiting.pk)],
+    })
+    assert requeued.status_code == 200
+    assert "Re-queued 1 parked message(s)." in requeued.text
+
+
+def check_the_ops_port_serves_metrics_and_probes_only(http: requests.Session,
+                                                      server: AdminServer) -> str:
+    """The ops port's metrics, health and readiness, and no admin; the metrics' text."""
+    metrics = http.get(f"{server.ops_url}/metrics", timeout=TIMEOUT_S)
+    assert metrics.status_code == 200
+    assert http.get(f"{server.ops_url}/healthz", timeout=TIMEOUT_S).status_code == 200
+    assert http.get(f"{server.ops_url}/readyz", timeout=TIMEOUT_S).status_code == 200
+    assert http.get(f"{server.ops_url}/admin/login/", timeout=TIMEOUT_S).status_code == 404
+    return metrics.text
+
+
+def check_the_requeue_was_made_and_logged(parked: OutboxMessage, operator: User) -> None:
     parked.refresh_from_db()
     assert parked.parked_at is None and parked.attempts == 0
     assert parked.last_error == "MSG_SIZE_TOO_LARGE"
     entry = LogEntry.objects.get(object_id=str(parked.pk))
     assert entry.user == operator and "Re-queued" in entry.get_change_message()
-    families = {f.name: f for f in text_string_to_metric_families(metrics.text)}
+
+
+def check_the_metrics_counted_the_login_and_the_requeue(metrics: str) -> None:
+    families = {f.name: f for f in text_string_to_metric_families(metrics)}
     logins = {s.labels["method"]: s.value
               for s in families["django_http_requests_total_by_view_transport_method"].samples
               if s.name.endswith("_total") and s.labels.get("view") == "admin:login"}

@@ -16,6 +16,7 @@ import tomllib
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -32,6 +33,7 @@ from tests.support.image import (
     BASE_CA_LABEL,
     CA_BUNDLE,
     Container,
+    ImageConfig,
     build_image,
     image_config,
     require_buildah,
@@ -104,13 +106,54 @@ def test_the_image_builds_and_runs_check_migrate_a_cycle_and_a_relay_pass(
     require_buildah()
     built = build_image()
     config = image_config(built.name)
+    check_how_it_runs(config)
+    version, head = check_the_labels_say_what_it_is(config)
+
+    started = time.monotonic()
+    with Container(built.name) as container, fresh_database() as database:
+        check_its_user_cannot_change_the_code(container, config)
+        check_it_says_its_version_and_holds_the_production_lock_only(container, config,
+                                                                     version, head)
+        check_deploy_is_clean(container, config)
+        image = ImageOnADatabase(container, config, database)
+        due, outbox = migrate_and_run_a_cycle_as_the_worker(image)
+        relay_and_read_the_events_back(image, tansu, due, outbox)
+    ran = time.monotonic() - started
+
+    steps = ", ".join(f"{what} {seconds:.1f}" for what, seconds in container.timings)
+    with capsys.disabled():
+        print(f"\nimage {built.name}: build {built.seconds:.0f} s "  # noqa: T201
+              f"({'; '.join(line.removeprefix('image.sh: ') for line in built.log.splitlines())}); "
+              f"runs {ran:.0f} s ({steps})")
+
+
+@dataclass
+class ImageOnADatabase:
+    """The image's commands on the fresh database."""
+
+    container: Container
+    config: ImageConfig
+    database: str
+
+    def manage(self, *args: str, role: str | None = None, **env: str) -> str:
+        """`args` through the image's own entrypoint, on the fresh database as `role`."""
+        done = self.container.run([*self.config.entrypoint, *args],
+                                  env={"DATABASE_URL": server_url(self.database, role), **env})
+        return succeeded(done, " ".join(args))
+
+
+def check_how_it_runs(config: ImageConfig) -> None:
+    """Its entrypoint, default command, user, working directory, settings and ports."""
     assert config.entrypoint == ["python", "manage.py"]
     assert config.cmd == ["run_expiry_reminders", "--loop"]
     assert (config.user, config.working_dir) == (APP_UID, "/app")
     assert config.env["DJANGO_SETTINGS_MODULE"] == "pin_profile.settings"
     assert config.exposed_ports == {"9108/tcp", "9109/tcp", "8000/tcp", "9110/tcp", "9111/tcp"}
-    # What it is, from the build arguments scripts/image.sh passes: pyproject.toml's version,
-    # the commit and its time; no licence (none chosen).
+
+
+def check_the_labels_say_what_it_is(config: ImageConfig) -> tuple[str, str]:
+    """What it is, from the build arguments scripts/image.sh passes: pyproject.toml's version,
+    the commit and its time; no licence (none chosen). The version and the commit."""
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     head = git("rev-parse", "HEAD")
     oci = {k.removeprefix("org.opencontainers.image."): v for k, v in config.labels.items()
@@ -120,70 +163,75 @@ def test_the_image_builds_and_runs_check_migrate_a_cycle_and_a_relay_pass(
                    "version": version, "revision": head,
                    "created": git("show", "-s", "--format=%cI", "HEAD")}
     assert config.env["PIN_PROFILE_REVISION"] == head
+    return version, head
 
-    started = time.monotonic()
-    with Container(built.name) as container, fresh_database() as database:
 
-        def manage(*args: str, role: str | None = None, **env: str) -> str:
-            """`args` through the image's own entrypoint, on the fresh database as `role`."""
-            done = container.run([*config.entrypoint, *args],
-                                 env={"DATABASE_URL": server_url(database, role), **env})
-            return succeeded(done, " ".join(args))
+def check_its_user_cannot_change_the_code(container: Container, config: ImageConfig) -> None:
+    """The image's user, which cannot change the code; the CA bundle the build mounted for pip
+    is not in the image (the file there is the base's own, from ca-certificates)."""
+    who = succeeded(container.run(["sh", "-c", "id -u; id -g; cd /tmp && python -c "
+                                   "'import django, sys; print(sys.prefix)'"]), "id")
+    assert who.split() == [APP_UID, APP_UID, "/usr/local"]
+    writable = container.run(["sh", "-c", 'for p in "$@"; do [ -w "$p" ] && echo "$p"; done; :',
+                              "-", *READ_ONLY])
+    assert succeeded(writable, "test -w").split() == []
+    in_image = succeeded(container.run(["sha256sum", str(CA_BUNDLE)]), "sha256sum").split()[0]
+    assert in_image == config.labels[BASE_CA_LABEL]
 
-        # The image's user, which cannot change the code; the CA bundle the build mounted for
-        # pip is not in the image (the file there is the base's own, from ca-certificates).
-        who = succeeded(container.run(["sh", "-c", "id -u; id -g; cd /tmp && python -c "
-                                       "'import django, sys; print(sys.prefix)'"]), "id")
-        assert who.split() == [APP_UID, APP_UID, "/usr/local"]
-        writable = container.run(["sh", "-c", 'for p in "$@"; do [ -w "$p" ] && echo "$p"; done; :',
-                                  "-", *READ_ONLY])
-        assert succeeded(writable, "test -w").split() == []
-        in_image = succeeded(container.run(["sha256sum", str(CA_BUNDLE)]), "sha256sum").split()[0]
-        assert in_image == config.labels[BASE_CA_LABEL]
 
-        # It says its version and commit; it has no devtools and exactly the production lock's
-        # packages (beside the base's own pip and setuptools).
-        said = succeeded(container.run([*config.entrypoint, "--version"]), "--version")
-        assert said.startswith(f"pin-profile-reminders {version} (commit {head}, Django ")
-        no_devtools = container.run(["sh", "-c", "test ! -e /app/devtools && test ! -e /app/tests"
-                                     " && ! python -c 'import devtools' 2>/dev/null"])
-        assert no_devtools.returncode == 0, "devtools or tests are in the image"
-        frozen = succeeded(container.run(["python", "-m", "pip", "list", "--format=freeze"]), "pip list")
-        installed = {(canonicalize_name(name), version)
-                     for name, version in (line.split("==") for line in frozen.split() if "==" in line)}
-        tools = {p for p in installed if p[0] in {"pip", "setuptools", "wheel"}}
-        assert installed - tools == pins(PRODUCTION_LOCK)
+def check_it_says_its_version_and_holds_the_production_lock_only(
+    container: Container, config: ImageConfig, version: str, head: str
+) -> None:
+    """It says its version and commit; it has no devtools and exactly the production lock's
+    packages (beside the base's own pip and setuptools)."""
+    said = succeeded(container.run([*config.entrypoint, "--version"]), "--version")
+    assert said.startswith(f"pin-profile-reminders {version} (commit {head}, Django ")
+    no_devtools = container.run(["sh", "-c", "test ! -e /app/devtools && test ! -e /app/tests"
+                                 " && ! python -c 'import devtools' 2>/dev/null"])
+    assert no_devtools.returncode == 0, "devtools or tests are in the image"
+    frozen = succeeded(container.run(["python", "-m", "pip", "list", "--format=freeze"]), "pip list")
+    installed = {(canonicalize_name(name), version)
+                 for name, version in (line.split("==") for line in frozen.split() if "==" in line)}
+    tools = {p for p in installed if p[0] in {"pip", "setuptools", "wheel"}}
+    assert installed - tools == pins(PRODUCTION_LOCK)
 
-        deploy = container.run([*config.entrypoint, "check", "--deploy", "--fail-level", "WARNING"],
-                               env={"DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
-                                    "DJANGO_ALLOWED_HOSTS": "admin.example.com"})
-        assert "System check identified no issues" in succeeded(deploy, "check --deploy")
 
-        manage("migrate", "--no-input")
-        sql(server_url(database), PERSON_DOCUMENTS_SQL.read_text())  # the profile service's table
-        manage("apply_db_roles")
-        due, also_due, not_due = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
-        insert_documents(server_url(database), {due: [6, 0], also_due: [29], not_due: [200]})
+def check_deploy_is_clean(container: Container, config: ImageConfig) -> None:
+    """`check --deploy` with the two documented variables."""
+    deploy = container.run([*config.entrypoint, "check", "--deploy", "--fail-level", "WARNING"],
+                           env={"DJANGO_SECRET_KEY": secrets.token_urlsafe(50),
+                                "DJANGO_ALLOWED_HOSTS": "admin.example.com"})
+    assert "System check identified no issues" in succeeded(deploy, "check --deploy")
 
-        manage("run_expiry_reminders", "--as-of", AS_OF.isoformat(), role=WORKER_ROLE)
-        outbox = dict(sql(server_url(database), "select id::text, message_key from profile.outbox_messages"))
-        assert sorted(outbox.values()) == sorted([str(due), str(also_due)])
 
-        # Tansu keeps one copy whatever a topic says: a single-broker stand-in (docs/outbox-relay.md)
-        manage("publish_outbox", role=RELAY_ROLE, KAFKA_BOOTSTRAP_SERVERS=tansu.bootstrap_servers,
-               OUTBOX_ALLOW_UNDURABLE_TOPIC="on")
-        records = read_topic(tansu.bootstrap_servers)
-        assert {r.message_id: r.key for r in records} == outbox
-        for record in records:
-            assert_event_valid(record.json())  # and the broker validated it on the way in
-        [event] = [r.json() for r in records if r.key == str(due)]
-        assert len(event["documents"]) == 2  # one event per owner, with both its documents
-        assert sql(server_url(database), "select count(*) from profile.outbox_messages m"
-                   " where profile.outbox_published_at(m) is null") == [(0,)]
-    ran = time.monotonic() - started
+def migrate_and_run_a_cycle_as_the_worker(image: ImageOnADatabase) -> tuple[uuid.UUID,
+                                                                            dict[str, str]]:
+    """migrate, apply_db_roles, documents of three owners (two due), one cycle; the owner with
+    two documents due, and the outbox (message id -> key)."""
+    url = server_url(image.database)
+    image.manage("migrate", "--no-input")
+    sql(url, PERSON_DOCUMENTS_SQL.read_text())  # the profile service's table
+    image.manage("apply_db_roles")
+    due, also_due, not_due = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    insert_documents(url, {due: [6, 0], also_due: [29], not_due: [200]})
 
-    steps = ", ".join(f"{what} {seconds:.1f}" for what, seconds in container.timings)
-    with capsys.disabled():
-        print(f"\nimage {built.name}: build {built.seconds:.0f} s "  # noqa: T201
-              f"({'; '.join(line.removeprefix('image.sh: ') for line in built.log.splitlines())}); "
-              f"runs {ran:.0f} s ({steps})")
+    image.manage("run_expiry_reminders", "--as-of", AS_OF.isoformat(), role=WORKER_ROLE)
+    outbox = dict(sql(url, "select id::text, message_key from profile.outbox_messages"))
+    assert sorted(outbox.values()) == sorted([str(due), str(also_due)])
+    return due, outbox
+
+
+def relay_and_read_the_events_back(image: ImageOnADatabase, tansu: TansuBroker, due: uuid.UUID,
+                                   outbox: dict[str, str]) -> None:
+    """One relay pass as the relay role; every event on the topic, valid, one per owner."""
+    # Tansu keeps one copy whatever a topic says: a single-broker stand-in (docs/outbox-relay.md)
+    image.manage("publish_outbox", role=RELAY_ROLE, KAFKA_BOOTSTRAP_SERVERS=tansu.bootstrap_servers,
+                 OUTBOX_ALLOW_UNDURABLE_TOPIC="on")
+    records = read_topic(tansu.bootstrap_servers)
+    assert {r.message_id: r.key for r in records} == outbox
+    for record in records:
+        assert_event_valid(record.json())  # and the broker validated it on the way in
+    [event] = [r.json() for r in records if r.key == str(due)]
+    assert len(event["documents"]) == 2  # one event per owner, with both its documents
+    assert sql(server_url(image.database), "select count(*) from profile.outbox_messages m"
+               " where profile.outbox_published_at(m) is null") == [(0,)]

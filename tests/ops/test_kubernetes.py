@@ -149,47 +149,65 @@ def problems(objects: list[Object]) -> list[str]:
     for component, spec in pod_specs(objects):
         for container in spec["containers"]:
             where = f"{component}/{container['name']}"
-            names = [e["name"] for e in container.get("env", [])]
-            for source in container.get("envFrom", []):
-                names += list(config_maps.get(source["configMapRef"]["name"], {}).get("data", {}))
-            for name in names:
-                if name not in known and not variables_libraries_read(name):
-                    found.append(f"{where}: {name} is read by no code")
-            for entry in container.get("env", []):
-                ref = entry.get("valueFrom", {}).get("secretKeyRef")
-                if ref and ref["key"] not in secrets.get(ref["name"], {}).get("data", {}):
-                    found.append(f"{where}: {entry['name']} from a Secret key that is not there")
-            for source in container.get("envFrom", []):
-                if source["configMapRef"]["name"] not in config_maps:
-                    found.append(f"{where}: no ConfigMap {source['configMapRef']['name']}")
+            found += environment_problems(where, container, known, config_maps, secrets)
             if component == "migrate":
                 continue
-            ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
-            metrics_addr = next((e["value"] for e in container.get("env", [])
-                                 if e["name"] == "METRICS_ADDR"), None)
-            if metrics_addr is None:
-                found.append(f"{where}: no METRICS_ADDR: no probes, no metrics")
-                continue
-            host, port = parse_listen_addr("METRICS_ADDR", metrics_addr)
-            if host not in ("0.0.0.0", "", "::"):  # noqa: S104 (the kubelet probes the pod's address)
-                found.append(f"{where}: METRICS_ADDR {metrics_addr} is not reachable from the kubelet")
-            if ports.get("ops") != port:
-                found.append(f"{where}: the port named ops is {ports.get('ops')}, METRICS_ADDR's {port}")
-            if (why := runs_the_ops_server(container)) is not None:
-                found.append(f"{where}: {why}")
-            for kind in ("livenessProbe", "readinessProbe"):
-                probe = container.get(kind, {}).get("httpGet")
-                if probe is None:
-                    found.append(f"{where}: no {kind}")
-                    continue
-                probe_port = ports.get(probe["port"], probe["port"])
-                if probe_port != port:
-                    found.append(f"{where}: {kind} on port {probe['port']}, not METRICS_ADDR's {port}")
-                probes.append((f"{where}: {kind}", probe["path"]))
+            ops_port_found, container_probes = ops_port_problems(where, container)
+            found += ops_port_found
+            probes += container_probes
     statuses = paths_served({path for _, path in probes})
     found += [f"{where} {path}: the ops server answers {statuses[path]}"
               for where, path in probes if statuses[path] != 200]
     return found
+
+
+def environment_problems(where: str, container: Object, known: set[str],
+                         config_maps: dict[str, Object], secrets: dict[str, Object]) -> list[str]:
+    """Variables no code reads, Secret keys and ConfigMaps that are not there."""
+    found = []
+    names = [e["name"] for e in container.get("env", [])]
+    for source in container.get("envFrom", []):
+        names += list(config_maps.get(source["configMapRef"]["name"], {}).get("data", {}))
+    for name in names:
+        if name not in known and not variables_libraries_read(name):
+            found.append(f"{where}: {name} is read by no code")
+    for entry in container.get("env", []):
+        ref = entry.get("valueFrom", {}).get("secretKeyRef")
+        if ref and ref["key"] not in secrets.get(ref["name"], {}).get("data", {}):
+            found.append(f"{where}: {entry['name']} from a Secret key that is not there")
+    for source in container.get("envFrom", []):
+        if source["configMapRef"]["name"] not in config_maps:
+            found.append(f"{where}: no ConfigMap {source['configMapRef']['name']}")
+    return found
+
+
+def ops_port_problems(where: str, container: Object) -> tuple[list[str], list[tuple[str, str]]]:
+    """What is wrong with a long-running container's METRICS_ADDR, ops port and probes; and
+    its probes, (where, path), for paths_served to answer."""
+    found: list[str] = []
+    probes: list[tuple[str, str]] = []
+    ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+    metrics_addr = next((e["value"] for e in container.get("env", [])
+                         if e["name"] == "METRICS_ADDR"), None)
+    if metrics_addr is None:
+        return [f"{where}: no METRICS_ADDR: no probes, no metrics"], probes
+    host, port = parse_listen_addr("METRICS_ADDR", metrics_addr)
+    if host not in ("0.0.0.0", "", "::"):  # noqa: S104 (the kubelet probes the pod's address)
+        found.append(f"{where}: METRICS_ADDR {metrics_addr} is not reachable from the kubelet")
+    if ports.get("ops") != port:
+        found.append(f"{where}: the port named ops is {ports.get('ops')}, METRICS_ADDR's {port}")
+    if (why := runs_the_ops_server(container)) is not None:
+        found.append(f"{where}: {why}")
+    for kind in ("livenessProbe", "readinessProbe"):
+        probe = container.get(kind, {}).get("httpGet")
+        if probe is None:
+            found.append(f"{where}: no {kind}")
+            continue
+        probe_port = ports.get(probe["port"], probe["port"])
+        if probe_port != port:
+            found.append(f"{where}: {kind} on port {probe['port']}, not METRICS_ADDR's {port}")
+        probes.append((f"{where}: {kind}", probe["path"]))
+    return found, probes
 
 
 # The tests.
