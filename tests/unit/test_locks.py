@@ -11,7 +11,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from tests.support.locks import lock_entries
+from tests.support.locks import Locked, lock_entries
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUIREMENTS = ROOT / "requirements"
@@ -50,6 +50,18 @@ def stale(source: Path) -> list[str]:
     problems = []
     if LOCK_COMMAND not in lock.read_text().split("\n\n", 1)[0]:
         problems.append(f"{lock.name}: its header does not name {LOCK_COMMAND}")
+    problems += unmet(source, lock, wanted, entries)
+    from_sources = {name for name, entry in entries.items()
+                    if any(v.startswith("-r requirements/") and v.endswith(".in") for v in entry.via)}
+    for name in sorted(from_sources - set(wanted)):
+        problems.append(f"{name}: {lock.name} has it from a .in that no longer asks for it")
+    return problems + unexplained(lock, entries)
+
+
+def unmet(source: Path, lock: Path, wanted: dict[str, Requirement],
+          entries: dict[str, Locked]) -> list[str]:
+    """What `source` asks for that `lock` does not pin as asked."""
+    problems = []
     for name, requirement in sorted(wanted.items()):
         locked = entries.get(name)
         if locked is None:
@@ -60,10 +72,12 @@ def stale(source: Path) -> list[str]:
         for extra in requirement.extras:  # --strip-extras: psycopg[binary] is psycopg-binary
             if canonicalize_name(f"{name}-{extra}") not in entries:
                 problems.append(f"{name}[{extra}]: {name}-{extra} is not in {lock.name}")
-    from_sources = {name for name, entry in entries.items()
-                    if any(v.startswith("-r requirements/") and v.endswith(".in") for v in entry.via)}
-    for name in sorted(from_sources - set(wanted)):
-        problems.append(f"{name}: {lock.name} has it from a .in that no longer asks for it")
+    return problems
+
+
+def unexplained(lock: Path, entries: dict[str, Locked]) -> list[str]:
+    """Entries of `lock` without a hash, or without (or with a missing) reason to be there."""
+    problems = []
     for name, entry in sorted(entries.items()):
         if entry.hashes == 0:
             problems.append(f"{name}: no hash in {lock.name}")
