@@ -25,7 +25,7 @@
 # Extra arguments go to pytest, e.g. scripts/test.sh -k cycle.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-source scripts/test-env.sh
+source scripts/venv.sh
 
 kafka_dir=""
 kafka_pid=""
@@ -40,10 +40,14 @@ kafka_stop() {
 }
 if [ "$#" -eq 0 ]; then
     kafka_dir=$(mktemp -d /tmp/pin-test-kafka.XXXXXX)
-    trap 'kafka_stop; pg_throwaway_stop' EXIT
+    trap 'kafka_stop' EXIT
     scripts/kafka.sh start --dir "$kafka_dir/cluster" >"$kafka_dir/start.out" 2>"$kafka_dir/start.err" &
     kafka_pid=$!
 fi
+# The rest of what the tests need (the venv is ready: the cluster above starts meanwhile);
+# pg.sh sets its own exit trap, which this one replaces: it stops both.
+source scripts/test-env.sh
+trap 'kafka_stop; pg_throwaway_stop' EXIT
 
 # The static checks. Without arguments they run beside pytest (their output printed after
 # it): pytest's workers often wait (subprocesses, delivery timeouts, clusters starting) and the

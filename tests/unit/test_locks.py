@@ -93,13 +93,13 @@ SOURCES = sorted(REQUIREMENTS.glob("*.in"))
 
 
 def test_every_requirements_file_has_a_source() -> None:
-    assert [p.name for p in SOURCES] == ["base.in", "dev.in"]
-    assert sorted(p.name for p in REQUIREMENTS.glob("*.txt")) == ["base.txt", "dev.txt"]
+    assert [p.name for p in SOURCES] == ["base.in", "dev.in", "uv.in"]
+    assert sorted(p.name for p in REQUIREMENTS.glob("*.txt")) == ["base.txt", "dev.txt", "uv.txt"]
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
 def test_the_lock_matches_its_source(source: Path) -> None:
-    assert stale(source) == [], f"run {LOCK_COMMAND} (docs/development.md)"
+    assert stale(source) == [], f"run {LOCK_COMMAND} (README.md, \"Dependencies\")"
 
 
 def test_the_development_lock_pins_production_packages_as_production_does() -> None:
