@@ -2,8 +2,10 @@
 # (requirements/dev.txt: every package pinned with its hashes, and nothing else is installed).
 # The installer is uv (requirements/uv.txt, hash-pinned, in a tools venv of its own kept in
 # PIN_TOOLS_CACHE): a fresh .venv takes it a few seconds where pip takes most of a minute. The
-# lock is complete, so uv installs it as it is (--no-deps) and `pip check` confirms it; if uv
-# cannot be had, pip installs the lock (--require-hashes) as before.
+# lock is complete, so uv installs it as it is (--no-deps) and `pip check` confirms it. uv
+# compiles the bytecode as pip does (--compile-bytecode): with PYTHONDONTWRITEBYTECODE set,
+# every process would otherwise compile Django again. If uv cannot be had, pip installs the
+# lock (--require-hashes) as before.
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 
@@ -24,7 +26,7 @@ uv_ensure() {
 venv_install() {
     local uv
     if uv=$(uv_ensure 2>"$VENV/uv.log") &&
-            "$uv" pip install -q --no-deps --require-hashes --python "$VENV/bin/python" \
+            "$uv" pip install -q --no-deps --require-hashes --compile-bytecode --python "$VENV/bin/python" \
                 -r "$ROOT/requirements/dev.txt" >>"$VENV/uv.log" 2>&1; then
         return 0
     fi
