@@ -17,7 +17,7 @@ from bench.bench_reminders import (
 )
 from bench.cycle_phases import Phase
 
-SMOKE_DOCUMENTS = 20_000
+SMOKE_DOCUMENTS = 5_000
 
 
 def _server_url() -> str:
