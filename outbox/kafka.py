@@ -398,9 +398,14 @@ def extra_properties(settings: RelaySettings) -> dict[str, Any]:
     return dict(settings.extra_properties)
 
 
+# librdkafka refuses a socket.timeout.ms above 5 minutes.
+MAX_SOCKET_TIMEOUT_MS = 300_000
+
+
 def producer_config(settings: RelaySettings, client_id: str) -> dict[str, Any]:
     """An idempotent producer (acks=all) whose deliveries end within the delivery timeout, with
     the security settings and the extra properties (which cannot override the guarded ones)."""
+    delivery_ms = int(settings.delivery_timeout.total_seconds() * 1000)
     return {
         **extra_properties(settings),
         **client_config(settings),
@@ -409,11 +414,11 @@ def producer_config(settings: RelaySettings, client_id: str) -> dict[str, Any]:
         "acks": "all",
         "partitioner": PARTITIONER,
         "linger.ms": int(settings.linger.total_seconds() * 1000),
-        "message.timeout.ms": int(settings.delivery_timeout.total_seconds() * 1000),
+        "message.timeout.ms": delivery_ms,
         # No request waits on a broker longer than a message may (librdkafka's default is 60 s):
         # a broker that stopped answering is disconnected then, and a metadata or idempotence-id
         # request that went to it, holding back that connection's requests, is asked elsewhere.
-        "socket.timeout.ms": min(300_000, int(settings.delivery_timeout.total_seconds() * 1000)),
+        "socket.timeout.ms": min(MAX_SOCKET_TIMEOUT_MS, delivery_ms),
         "queue.buffering.max.messages": max(100_000, 2 * settings.batch_size),
         # Reports for errors only: a batch is acknowledged as a whole (outbox.producer).
         "delivery.report.only.error": True,
