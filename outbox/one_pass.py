@@ -76,14 +76,6 @@ def stood_by_while_rows_waited(*, stood_by: bool, oldest_waiting_s: float | None
     return stood_by and oldest_waiting_s is not None and oldest_waiting_s >= bound_s
 
 
-def failure_line(stats: RelayStats, backlog: Backlog, *, stopped: bool, stood_by_too_long: bool,
-                 holder: LockHolder | None, delivery_timeout: timedelta) -> str | None:
-    """`pass_failure`'s line alone."""
-    failure = pass_failure(stats, backlog, stopped=stopped, stood_by_too_long=stood_by_too_long,
-                           holder=holder, delivery_timeout=delivery_timeout)
-    return None if failure is None else failure.line
-
-
 def pass_failure(stats: RelayStats, backlog: Backlog, *, stopped: bool, stood_by_too_long: bool,
                  holder: LockHolder | None, delivery_timeout: timedelta) -> PassFailure | None:
     """The first of (FAILED unless said): rows released, failed, deferred or parked (a row

@@ -7,7 +7,7 @@ import pytest
 
 from core.exit_codes import ExitCode
 from outbox.lanes import RelayStats
-from outbox.one_pass import failure_line, pass_failure
+from outbox.one_pass import pass_failure
 from outbox.store import Backlog, LockHolder
 
 WAITING = Backlog(unpublished=7, parked=0, oldest_created_at=None, oldest_age_s=412.0)
@@ -18,8 +18,9 @@ TIMEOUT = timedelta(seconds=30)
 
 def _line(stats: RelayStats, *, stopped: bool = False, stood_by_too_long: bool = False,
           holder: LockHolder | None = None) -> str | None:
-    return failure_line(stats, WAITING, stopped=stopped, stood_by_too_long=stood_by_too_long,
-                        holder=holder, delivery_timeout=TIMEOUT)
+    failure = pass_failure(stats, WAITING, stopped=stopped, stood_by_too_long=stood_by_too_long,
+                           holder=holder, delivery_timeout=TIMEOUT)
+    return None if failure is None else failure.line
 
 
 def test_a_pass_that_delivered_everything_has_no_failure_line() -> None:
