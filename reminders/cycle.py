@@ -138,7 +138,7 @@ class Cycle:
         try:
             self._remind_and_prune(ledger)
         except (ConnectionLostError, *DatabaseErrors) as exc:
-            failure = classify_on(exc, scope.using)
+            failure = self._classify(exc)
             result.fail(failure)
             log_event(logger, logging.ERROR, "cycle failed", run_id=result.run_id,
                       **failure.fields())
