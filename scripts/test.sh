@@ -110,15 +110,19 @@ else
 fi
 status=$?
 set -e
+# collect PID LOG: a job run beside pytest, waited for; its output printed; its exit status.
+collect() {
+    local status=0
+    wait "$1" || status=$?
+    cat "$2"
+    rm -f "$2"
+    return "$status"
+}
 if [ -n "$checks_pid" ]; then
-    set +e
-    wait "$checks_pid"
-    checks_status=$?
-    set -e
-    checks_pid=""
     echo "== the static checks (run beside pytest)"
-    cat "$checks_log"
-    rm -f "$checks_log"
+    checks_status=0
+    collect "$checks_pid" "$checks_log" || checks_status=$?
+    checks_pid=""
     if [ "$checks_status" -ne 0 ]; then
         echo "test.sh: a static check failed (above)" >&2
         exit 1
@@ -132,11 +136,7 @@ if [ "$status" -ne 0 ] || [ "$#" -ne 0 ]; then
     exit "$status"
 fi
 kafka_stop
-set +e
-wait "$clock_pid"
-clock_status=$?
-set -e
+clock_status=0
+collect "$clock_pid" "$clock_log" || clock_status=$?
 clock_pid=""
-cat "$clock_log"
-rm -f "$clock_log"
 exit "$clock_status"
