@@ -187,6 +187,9 @@ class Node:
             "num.io.threads": 2,
             "num.recovery.threads.per.data.dir": 1,
             "log.segment.bytes": 64 * 1024 * 1024,
+            # Records are kept whatever their timestamp: the tests' events carry a pinned creation
+            # time, which the default week of time-based retention deletes once it is past.
+            "log.retention.ms": -1,
             "controlled.shutdown.enable": "true",
         }
         return "".join(f"{key}={value}\n" for key, value in lines.items())
