@@ -17,7 +17,11 @@ DescribeConfigs), and:
 - keeps the partitions that did not answer in time (their rows timed out in the client while
   the rest of their batch was delivered) the same way, until a row of theirs is acknowledged
   within the delivery timeout (the patient producer's probe, outbox.producer) or a look shows
-  another leader.
+  another leader;
+- and, from the first such time-out, every partition whose acknowledgement waits on a broker
+  the late one waited on (`LateBrokers`): its leader, or an in-sync follower (acks=all), so
+  that a slow broker costs the other partitions one delivery timeout, not one per partition it
+  holds up.
 
 Where a key goes is known without storing it: the producer's partitioner is librdkafka's
 `murmur2_random` (a guarded property, outbox.kafka), the Java client's: murmur2 of the key's UTF-8
@@ -26,12 +30,13 @@ bytes, made positive, modulo the partition count (`partition_of`).
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec
 
 from core.config import ConfigError
 from outbox import kafka, metrics, store
@@ -83,6 +88,62 @@ def partition_problem(leader: int, isrs: Sequence[int], min_insync: int | None) 
     if min_insync is not None and in_sync < min_insync:
         return f"{in_sync} in-sync replica(s), min.insync.replicas={min_insync}"
     return None
+
+
+# --- the brokers a late partition waited on (pure) ----------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Replicas:
+    """Whom a partition's acknowledgement waits for (acks=all): its leader and its in-sync
+    followers, as the last look saw them."""
+
+    leader: int
+    followers: frozenset[int]
+
+
+class LateBrokers:
+    """The brokers suspected of holding up a partition that did not answer in time
+    (docs/outbox-relay.md, "A slow leader"). A late partition's leader is suspected as a leader
+    and its followers as followers, less those a partition acknowledged in the same batch vouches
+    for (its leader answered as a leader, its followers as followers: acks=all waited for them).
+    A partition waits on a suspect when its leader is suspected as a leader or one of its
+    followers as a follower, and it is kept back then: a broker stopped costs the partitions it
+    leads or follows one delivery timeout, not one each. A broker reachable by the cluster but
+    not by the relay is vouched for as a follower by the first partition it follows that answers
+    in time, and keeps back only the partitions it leads."""
+
+    def __init__(self) -> None:
+        self.as_leader: set[int] = set()
+        self.as_follower: set[int] = set()
+
+    def __bool__(self) -> bool:
+        return bool(self.as_leader or self.as_follower)
+
+    def late(self, late: Iterable[Replicas], answered: Iterable[Replicas] = ()) -> None:
+        """Partitions whose rows timed out (`late`) beside ones acknowledged (`answered`)."""
+        for replicas in late:
+            brokers = {replicas.leader, *replicas.followers} - {-1}
+            self.as_leader |= brokers
+            self.as_follower |= brokers
+        self.vouch(answered)
+
+    def vouch(self, answered: Iterable[Replicas]) -> None:
+        """Partitions acknowledged within the delivery timeout: their brokers answered."""
+        for replicas in answered:
+            self.as_leader.discard(replicas.leader)
+            self.as_follower -= replicas.followers
+
+    def waited_on(self, replicas: Replicas) -> int | None:
+        """The suspect the partition waits on, if any."""
+        if replicas.leader in self.as_leader:
+            return replicas.leader
+        return min(replicas.followers & self.as_follower, default=None)
+
+    def forget_all_but(self, present: set[int]) -> None:
+        """A look: a suspect the cluster took out of every partition's replicas (fenced, out of
+        the in-sync replicas) holds nothing up; when it rejoins it has caught up."""
+        self.as_leader &= present
+        self.as_follower &= present
 
 
 # --- the watch ------------------------------------------------------------------------------------
@@ -171,6 +232,136 @@ DURABILITY_LINES = {"verified": (logging.INFO, "topic keeps what it acknowledges
 
 # A row not sent: its partition and the error its deferral records, by key.
 Unsendable = dict[str, tuple[int, KafkaError]]
+# A broker suspected of holding partitions up is forgotten this long after it was first suspected
+# (the next look), whether or not a partition that waits on it answered in time: a probe that
+# cannot be answered (a producer the broker forgot) does not keep them back for good, and a broker
+# still slow is suspected again at its partitions' next time-out.
+LATE_FOR_S = 30.0
+
+
+def any_answers(futures: Mapping[Any, Future[Any]], timeout: float) -> bool:
+    """Whether one of the admin client's `futures` comes back with an answer within `timeout`."""
+    pending = set(futures.values())
+    deadline = time.monotonic() + timeout
+    while pending and (left := deadline - time.monotonic()) > 0:
+        done, pending = wait(pending, timeout=left, return_when=FIRST_COMPLETED)
+        if any(f.exception() is None for f in done):
+            return True
+    return False
+
+
+class KeptBack:
+    """The partitions whose rows are not sent now, by topic, and why: the metadata shows them
+    unable (`unready`, from the last look that read it), they did not answer in time (`slow`:
+    until they do, or a look shows another leader), or they wait on a broker a late partition
+    waited on (`late`: until it is vouched for, forgotten by a look, or LATE_FOR_S). A partition
+    that was kept back and no longer is goes to `on_ready` (True if it was in an outage)."""
+
+    def __init__(self, on_ready: Callable[[str, int], bool], clock: Callable[[], float]) -> None:
+        self.on_ready = on_ready
+        self._clock = clock
+        self.unready: dict[str, dict[int, KafkaError]] = {}
+        # The leader the last look had seen for each slow partition then, and the error a row
+        # kept back records. Not forgotten by a look (the metadata says nothing of time).
+        self.slow: dict[str, dict[int, tuple[int, KafkaError]]] = {}
+        self.leaders: dict[str, dict[int, int]] = {}  # by topic, as the last look saw them
+        self.replicas: dict[str, dict[int, Replicas]] = {}  # the same, with in-sync followers
+        self.late = LateBrokers()
+        self._late_since = 0.0
+
+    def __bool__(self) -> bool:
+        return any(self.unready.values()) or any(self.slow.values()) or bool(self.late)
+
+    def error_for(self, topic: str, partition: int) -> KafkaError | None:
+        """Why a row of the partition is not sent now; None if it is."""
+        unready, slow = self.unready.get(topic), self.slow.get(topic)
+        error = unready.get(partition) if unready else None
+        if error is None and slow and partition in slow:
+            error = slow[partition][1]
+        if error is None and self.late:
+            replicas = self.replicas.get(topic, {}).get(partition)
+            broker = None if replicas is None else self.late.waited_on(replicas)
+            if broker is not None:
+                error = KafkaError(
+                    KafkaError._MSG_TIMED_OUT,
+                    f"not sent: the partition waits on broker {broker}, which did not answer in "
+                    "time for another partition; kept back until a partition that waits on it "
+                    "is acknowledged within the delivery timeout")
+        return error
+
+    def partitions_late(self, topic: str, late: Iterable[int], answered: Iterable[int]) -> None:
+        """See TopicWatch.partitions_late."""
+        late = [p for p in late if p >= 0]
+        leaders, replicas = self.leaders.get(topic, {}), self.replicas.get(topic, {})
+        for partition in late:
+            self.slow.setdefault(topic, {})[partition] = (leaders.get(partition, -1), KafkaError(
+                KafkaError._MSG_TIMED_OUT,
+                "not sent: the partition's records timed out while the cluster answered; "
+                "kept back until one is acknowledged within the delivery timeout"))
+        before = self._kept_back_by_late()
+        if not self.late:
+            self._late_since = self._clock()
+        self.late.late((replicas[p] for p in late if p in replicas),
+                       (replicas[p] for p in answered if p in replicas))
+        self._released(before)
+
+    def answered_in_time(self, topic: str, partition: int) -> None:
+        """See TopicWatch.answered_in_time."""
+        if self.slow.get(topic, {}).pop(partition, None) is not None:
+            self._back(topic, partition)
+        if self.late and partition in self.replicas.get(topic, {}):
+            before = self._kept_back_by_late()
+            self.late.vouch([self.replicas[topic][partition]])
+            self._released(before)
+
+    def fell_short(self, topic: str, partition: int) -> None:
+        """The partition answered NOT_ENOUGH_REPLICAS_AFTER_APPEND: unable until a look."""
+        self.unready.setdefault(topic, {})[partition] = KafkaError(
+            KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+            "not sent: the partition answered that its in-sync replicas fell short after an "
+            "append; held until the metadata shows them back")
+
+    def seen(self, topic: str, partitions: Mapping[int, Any],
+             unready: dict[int, KafkaError]) -> None:
+        """A look read the topic's metadata: `unready` are unable now; whom each partition
+        waits for (a suspect in none, or suspected for LATE_FOR_S, is forgotten); a slow one
+        with another leader is not slow any more."""
+        before, late_before = self.unready.get(topic, {}), self._kept_back_by_late()
+        self.unready[topic] = unready
+        self.leaders[topic] = {n: p.leader for n, p in partitions.items()}
+        self.replicas[topic] = {n: Replicas(p.leader, frozenset(p.isrs) - {p.leader})
+                                for n, p in partitions.items()}
+        if self.late and self._clock() - self._late_since >= LATE_FOR_S:
+            self.late = LateBrokers()
+        self.late.forget_all_but({b for by_number in self.replicas.values()
+                                  for r in by_number.values() for b in (r.leader, *r.followers)})
+        slow = self.slow.get(topic, {})
+        for number, (leader, _error) in list(slow.items()):
+            if self.leaders[topic].get(number, -1) not in (leader, -1):
+                del slow[number]  # another leader: it may well answer in time
+                late_before.add((topic, number))
+        late_before |= {(topic, n) for n in before}
+        self._released(late_before)
+
+    def sends_to_some(self, topic: str, count: int) -> bool:
+        """Some of the topic's `count` partitions is not kept back now."""
+        return any(self.error_for(topic, p) is None for p in range(count))
+
+    def _kept_back_by_late(self) -> set[tuple[str, int]]:
+        if not self.late:
+            return set()
+        return {(topic, number) for topic, partitions in self.replicas.items()
+                for number, replicas in partitions.items() if self.late.waited_on(replicas)}
+
+    def _released(self, before: set[tuple[str, int]]) -> None:
+        """Of the partitions kept back `before`, those kept back no longer are ready."""
+        for topic, number in sorted(before):
+            if self.error_for(topic, number) is None:
+                self._back(topic, number)
+
+    def _back(self, topic: str, partition: int) -> None:
+        if self.on_ready(topic, partition):
+            metrics.set_partition_available(topic, partition)
 
 
 class TopicWatch:
@@ -193,23 +384,15 @@ class TopicWatch:
         self._admin: Any = None
         self._clock = clock
         self._kafka_failing = kafka_failing  # the producer's outage: no look then
-        # Told (topic, partition) when a partition found unable looks able again; True if it
-        # was in an outage (its deferred rows are then due at once).
-        self.on_ready = on_ready
         self._admitted: set[str] = set()  # looked at: checked, or its configuration unreadable
         self._partitions: dict[str, int] = {}  # as last recorded
         self._durability: dict[str, str] = {}  # the state said for each topic
         self._tried: set[str] = set()  # topics whose metadata a look already waited for
         self._next_look = 0.0
         self._last_look = 0.0
-        # The partitions that cannot take a record now, by topic, with the error a row bound
-        # for one records; from the last look that read the topic's metadata (none if it failed).
-        self._unready: dict[str, dict[int, KafkaError]] = {}
-        # The partitions that did not answer in time, by topic: the leader the last look had
-        # seen for each then, and the error a row kept back records. Not forgotten by a look
-        # (the metadata says nothing of it), only by an answer in time or another leader.
-        self._slow: dict[str, dict[int, tuple[int, KafkaError]]] = {}
-        self._leaders: dict[str, dict[int, int]] = {}  # by topic, as the last look saw them
+        # The partitions whose rows are not sent now; one that can take them again is told to
+        # `on_ready` (True if it was in an outage: its deferred rows are then due at once).
+        self.kept = KeptBack(on_ready, clock)
 
     def admit(self, messages: Sequence[Any]) -> Unsendable:
         """Before a batch goes to the producer: look at each of its topics not looked at yet;
@@ -227,61 +410,82 @@ class TopicWatch:
                 self._admitted.add(topic)
         if self._next_look == 0.0:
             self._next_look = self._clock() + self._look_interval()
-        return self.unsendable(messages) if self._unready or self._slow else {}
+        return self.unsendable(messages) if self.kept else {}
 
     @property
     def holding_back(self) -> bool:
-        """Some partition's rows are not sent now (a look lifts them)."""
-        return any(self._unready.values()) or any(self._slow.values())
+        """Some partition's rows are not sent now (a look, or an answer in time, lifts them)."""
+        return bool(self.kept)
 
     def _look_interval(self) -> float:
         """Until the next look: sooner while a partition cannot take records."""
         return self.look_unready_s if self.holding_back else self.look_again_s
 
     def unsendable(self, messages: Sequence[Any]) -> Unsendable:
-        """The rows of `messages` bound for a partition the last look found unable to take them
-        (its partition from the key, as the producer's murmur2 partitioner computes it): not
-        sent, so no copy can come of them, and no delivery timeout is waited for."""
+        """The rows of `messages` bound for a partition kept back now (its partition from the
+        key, as the producer's murmur2 partitioner computes it): not sent, so no copy can come
+        of them, and no delivery timeout is waited for."""
         found: Unsendable = {}
         for message in messages:
-            unready, slow = self._unready.get(message.topic), self._slow.get(message.topic)
-            if not unready and not slow:
+            count = self._partitions.get(message.topic)
+            if not count:
                 continue
-            partition = partition_of(message.key, self._partitions[message.topic])
-            error = unready.get(partition) if unready else None
-            if error is None and slow and partition in slow:
-                error = slow[partition][1]
+            partition = partition_of(message.key, count)
+            error = self.kept.error_for(message.topic, partition)
             if error is not None:
                 found[message.key] = (partition, error)
         return found
+
+    def others_answer(self, topic: str, late: Collection[int], timeout: float) -> bool | None:
+        """Whether a broker that leads none of the `late` partitions answers now: a ListOffsets
+        request to one partition of each such leader (by the last look), sent to that leader
+        itself, unlike a metadata request, which goes to whichever broker the client used last
+        (often the very one that does not answer). True as soon as one answers; None if no
+        other broker is known to lead a partition (the caller asks otherwise)."""
+        leaders = self.kept.leaders.get(topic, {})
+        suspects = {leaders.get(p, -1) for p in late}
+        asked: dict[int, int] = {}
+        for number, leader in sorted(leaders.items()):
+            if leader >= 0 and leader not in suspects:
+                asked.setdefault(leader, number)
+        if not asked:
+            return None
+        try:
+            return any_answers(self._client().list_offsets(
+                {TopicPartition(topic, number): OffsetSpec.latest() for number in asked.values()},
+                request_timeout=timeout), timeout)
+        except KafkaException:
+            return False
+
+    def sends_to_some(self, topic: str) -> bool:
+        """Some partition of `topic` is not kept back now (the metadata, a time-out, a late
+        broker): a row kept back is then its partition's trouble, not the cluster's."""
+        count = self._partitions.get(topic)
+        return bool(count) and self.kept.sends_to_some(topic, count or 0)
 
     def partition_of(self, topic: str, key: str) -> int:
         """The partition the producer puts `key` on (-1 before a look read the topic)."""
         count = self._partitions.get(topic)
         return partition_of(key, count) if count else -1
 
-    def partition_slow(self, topic: str, partition: int) -> None:
-        """Its rows timed out in the client while the rest of their batch was delivered: it
-        is kept back like an unable one, one row at a time going as its probe (outbox.producer),
-        until it answers in time again or a look shows another leader."""
-        if partition < 0 or topic not in self._partitions:
+    def partitions_late(self, topic: str, late: Iterable[int],
+                        answered: Iterable[int] = ()) -> None:
+        """Rows of the `late` partitions timed out in the client while the cluster answered
+        (rows of the `answered` ones were acknowledged in the same batch, or another broker
+        answered): each is kept back like an unable one, one row at a time going as its probe
+        (outbox.producer), until it answers in time again or a look shows another leader; and
+        so is every partition that waits on a broker they waited on (`LateBrokers`), until that
+        broker is vouched for (docs/outbox-relay.md, "A slow leader")."""
+        if topic not in self._partitions:
             return
-        leader = self._leaders.get(topic, {}).get(partition, -1)
-        self._slow.setdefault(topic, {})[partition] = (leader, KafkaError(
-            KafkaError._MSG_TIMED_OUT,
-            "not sent: the partition's records timed out while the others' were delivered; "
-            "kept back until one is acknowledged within the delivery timeout"))
+        self.kept.partitions_late(topic, late, answered)
         self._next_look = min(self._next_look, self._clock() + self.look_unready_s)
 
     def answered_in_time(self, topic: str, partition: int) -> None:
         """A row of the partition was acknowledged within the delivery timeout: if it was kept
-        back as slow, it is able again (its deferred rows are due at once)."""
-        if self._slow.get(topic, {}).pop(partition, None) is not None:
-            self._back(topic, partition)
-
-    def _back(self, topic: str, partition: int) -> None:
-        if self.on_ready(topic, partition):
-            metrics.set_partition_available(topic, partition)
+        back as slow, it is able again (its deferred rows are due at once); the brokers it
+        waited on are vouched for."""
+        self.kept.answered_in_time(topic, partition)
 
     def partition_failed(self, topic: str, partition: int, error: KafkaError) -> None:
         """A delivery report's error (RelayProducer): NOT_ENOUGH_REPLICAS_AFTER_APPEND means the
@@ -291,10 +495,7 @@ class TopicWatch:
         if (error.code() != KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND or partition < 0
                 or topic not in self._partitions):
             return
-        self._unready.setdefault(topic, {})[partition] = KafkaError(
-            KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
-            "not sent: the partition answered that its in-sync replicas fell short after an "
-            "append; held until the metadata shows them back")
+        self.kept.fell_short(topic, partition)
         self._next_look = min(self._next_look, self._clock() + self.look_unready_s)
 
     def look_again_if_due(self) -> None:
@@ -321,11 +522,11 @@ class TopicWatch:
         try:
             cluster = self._client().list_topics(topic, timeout=timeout)
         except KafkaException:
-            self._unready.pop(topic, None)  # not known now: its rows are sent as usual
+            self.kept.unready.pop(topic, None)  # not known now: its rows are sent as usual
             return False  # Kafka unreachable: the outage log says it
         found = cluster.topics.get(topic)
         if found is None or found.error is not None or not found.partitions:
-            self._unready.pop(topic, None)
+            self.kept.unready.pop(topic, None)
             return False  # not created yet, or being created
         self._record_partitions(topic, len(found.partitions))
         self._see_partitions(topic, found.partitions,
@@ -335,8 +536,8 @@ class TopicWatch:
     def _see_partitions(self, topic: str, partitions: Mapping[int, Any],
                         min_insync: int | None) -> None:
         """Which partitions of `topic` cannot take a record now, by their metadata
-        (`partition_problem`); one that could not at the previous look and can now is said
-        to `on_ready`."""
+        (`partition_problem`), and whom each waits for (a suspect broker in none is forgotten);
+        one that could not at the previous look and can now is said to `on_ready`."""
         unready: dict[int, KafkaError] = {}
         for number, partition in partitions.items():
             problem = partition_problem(partition.leader, partition.isrs, min_insync)
@@ -344,18 +545,7 @@ class TopicWatch:
                 code = (KafkaError.LEADER_NOT_AVAILABLE if partition.leader < 0
                         else KafkaError.NOT_ENOUGH_REPLICAS)
                 unready[number] = KafkaError(code, f"not sent: the metadata shows {problem}")
-        before = self._unready.get(topic, {})
-        self._unready[topic] = unready
-        self._leaders[topic] = {n: p.leader for n, p in partitions.items()}
-        slow = self._slow.get(topic, {})
-        for number, (leader, _error) in list(slow.items()):
-            if self._leaders[topic].get(number, -1) not in (leader, -1):
-                del slow[number]  # another leader: it may well answer in time
-                if number not in unready:
-                    self._back(topic, number)
-        for number in sorted(set(before) - set(unready)):
-            if number not in slow:
-                self._back(topic, number)
+        self.kept.seen(topic, partitions, unready)
 
     def _check_durability(self, topic: str, cluster: Any, found: Any,
                           timeout: float) -> int | None:

@@ -237,8 +237,7 @@ def test_a_partition_that_did_not_answer_in_time_is_kept_back_until_it_does_or_m
     nothing of time), an answer in time does, and so does another leader."""
     watch, admin, now, ready = watched
     assert watch.admit(rows_on(0, 1, 2)) == {}
-    watch.partition_slow(TOPIC, 1)
-    watch.partition_slow(TOPIC, 2)
+    watch.partitions_late(TOPIC, [1, 2], answered=[0])
     assert codes(watch.admit(rows_on(0, 1, 2))) == {1: KafkaError._MSG_TIMED_OUT,
                                                     2: KafkaError._MSG_TIMED_OUT}
     now[0] = 5.0
@@ -246,11 +245,71 @@ def test_a_partition_that_did_not_answer_in_time_is_kept_back_until_it_does_or_m
     assert set(codes(watch.admit(rows_on(1, 2)))) == {1, 2} and ready == []
 
     watch.answered_in_time(TOPIC, 1)
-    admin.partitions[2] = (2, [1, 2, 3])  # another leader
+    admin.partitions[2] = (4, [4, 2, 3])  # another leader, not one the late ones waited on
     now[0] = 10.0
     watch.look_again_if_due()
 
     assert watch.admit(rows_on(0, 1, 2)) == {} and ready == [(TOPIC, 1), (TOPIC, 2)]
+
+
+# The slow-leader test's placement (tests/kafka/test_sick_cluster.py): broker 3 leads 0 and 1,
+# broker 1 leads 2 and 3 (broker 3 follows them), broker 2 leads 4 and 5 (broker 1 follows).
+PLACED = {0: (3, [3, 1]), 1: (3, [3, 1]), 2: (1, [1, 3]), 3: (1, [1, 3]),
+          4: (2, [2, 1]), 5: (2, [2, 1])}
+
+
+def placed_rows(*partitions: int) -> list[Any]:
+    return [SimpleNamespace(topic=TOPIC, key=keys_on(p, len(PLACED), 1, "k")[0])
+            for p in partitions]
+
+
+def kept_back(watch: TopicWatch) -> set[int]:
+    return set(codes(watch.admit(placed_rows(*PLACED))))
+
+
+def test_a_late_partition_alone_keeps_back_what_waits_on_its_brokers_until_vouched_for(
+    watched: tuple[TopicWatch, Admin, list[float], list[tuple[str, int]]],
+) -> None:
+    """Partition 0 late with nothing else answered: every partition led or followed by its
+    brokers (3 and 1) is kept back; partition 4 answering in time vouches for broker 2 as a
+    leader and broker 1 as a follower, which leaves the four that wait on broker 3 (or on broker
+    1 as a leader); a look that shows broker 3 out of every partition's replicas frees them."""
+    watch, admin, now, ready = watched
+    admin.partitions = dict(PLACED)
+    assert kept_back(watch) == set()
+
+    watch.partitions_late(TOPIC, [0])
+    assert kept_back(watch) == set(PLACED)
+    watch.answered_in_time(TOPIC, 4)
+    assert kept_back(watch) == {0, 1, 2, 3}
+    assert ready == [(TOPIC, 4), (TOPIC, 5)]
+
+    # The controller fenced broker 3: partitions 0 to 3 led by 1, followed by 2 (not suspected).
+    admin.partitions = {**dict.fromkeys(range(4), (1, [1, 2])), 4: (2, [2, 1]), 5: (2, [2, 1])}
+    now[0] = 5.0
+    watch.look_again_if_due()
+    assert kept_back(watch) == {0, 1, 2, 3}  # broker 3 forgotten; 1 is suspected as a leader
+    watch.answered_in_time(TOPIC, 2)
+    assert kept_back(watch) == set()
+    assert ready == [(TOPIC, 4), (TOPIC, 5), (TOPIC, 0), (TOPIC, 1), (TOPIC, 2), (TOPIC, 3)]
+
+
+def test_a_broker_the_relay_cannot_reach_keeps_back_only_the_partitions_it_leads(
+    watched: tuple[TopicWatch, Admin, list[float], list[tuple[str, int]]],
+) -> None:
+    """Cut off from the relay only, broker 3 replicates for the cluster: partition 2 (which it
+    follows) answering in time vouches for it as a follower; what it leads stays kept back."""
+    watch, admin, _now, _ready = watched
+    admin.partitions = dict(PLACED)
+    watch.admit(placed_rows(0))
+    watch.partitions_late(TOPIC, [0], answered=[4, 5])
+    assert kept_back(watch) == {0, 1, 2, 3}
+
+    watch.answered_in_time(TOPIC, 2)
+
+    assert kept_back(watch) == {0, 1}
+    watch.answered_in_time(TOPIC, 0)
+    assert kept_back(watch) == set()
 
 
 def test_the_look_goes_on_every_5_s_while_the_producer_finds_kafka_failing(

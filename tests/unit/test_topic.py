@@ -6,7 +6,15 @@ import pytest
 from core.config import ConfigError
 from outbox import kafka
 from outbox.config import load_relay_settings
-from outbox.topic_watch import KAFKA_DEFAULTS, TopicConfig, durability_problem, replicas_of, topic_config
+from outbox.topic_watch import (
+    KAFKA_DEFAULTS,
+    LateBrokers,
+    Replicas,
+    TopicConfig,
+    durability_problem,
+    replicas_of,
+    topic_config,
+)
 
 BOOT = {"KAFKA_BOOTSTRAP_SERVERS": "127.0.0.1:9092"}
 TOPIC = "pin.profile.document-expiry-reminders.v1"
@@ -87,3 +95,33 @@ def test_the_producer_partitions_as_the_java_client_and_no_one_may_change_it() -
         with pytest.raises(ConfigError) as raised:
             kafka.producer_config(guarded, "relay-x")
         assert raised.value.name == "KAFKA_PRODUCER_CONFIG" and "murmur2_random" in str(raised.value)
+
+
+# --- the brokers a late partition waited on (LateBrokers) ------------------------------------
+
+# Broker 3 leads 0 and follows 2; broker 1 leads 2 and follows 0 and 4; broker 2 leads 4.
+P0, P2, P4 = Replicas(3, frozenset({1})), Replicas(1, frozenset({3})), Replicas(2, frozenset({1}))
+
+
+def test_a_late_partition_suspects_its_leader_and_followers_and_an_answer_vouches_for_them() -> None:
+    late = LateBrokers()
+    late.late([P0])
+    assert [late.waited_on(p) for p in (P0, P2, P4)] == [3, 1, 1] and late
+
+    late.vouch([P4])  # broker 2 answered as a leader, broker 1 as a follower
+
+    assert [late.waited_on(p) for p in (P0, P2, P4)] == [3, 1, None]
+    late.vouch([P2])  # broker 1 as a leader, broker 3 as a follower
+    assert [late.waited_on(p) for p in (P0, P2, P4)] == [3, None, None]
+
+
+def test_partitions_answered_beside_the_late_one_vouch_at_once_and_a_look_forgets() -> None:
+    late = LateBrokers()
+    late.late([P0, P2], answered=[P4])
+    assert [late.waited_on(p) for p in (P0, P2, P4)] == [3, 1, None]
+
+    late.forget_all_but({1, 2})  # broker 3 fenced: in no partition's replicas any more
+
+    assert late.waited_on(P0) is None and late.waited_on(P2) == 1
+    late.forget_all_but(set())
+    assert not late
