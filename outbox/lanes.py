@@ -620,8 +620,9 @@ class StreamLane:
         self._producer.route.await_reports(batch)
         reports = sort_reports(batch.read, batch.errors, acked_at=batch.acked_at,
                                read_at=batch.read_at, stop_at_unavailable=True,
-                               unsent=batch.unsent, off_allowlist=batch.off_allowlist,
-                               cluster_answers=self._producer.cluster_answers)
+                               unsent=batch.unsent, unsent_open=batch.unsent_open,
+                               off_allowlist=batch.off_allowlist,
+                               cluster_answers=lambda: self._producer.late.answers_beside(batch))
         detours = self._detours(reports, batch.partitions)
         recorded = reports.settled
         outcome = BatchOutcome(read=len(batch.read),  # the rows not recorded are read again
@@ -639,6 +640,8 @@ class StreamLane:
         if outcome.published or outcome.released:
             self._probe = (frozenset() if outcome.published
                            else frozenset(m.key for m in batch.read[recorded:]))
+        if outcome.released and not outcome.published:
+            self._producer.late.note_late_alone(batch)
         metrics.observe_delivery_latencies(reports.latencies)
         self._producer.batch_recorded(published=outcome.published, released=outcome.released,
                                       first_unavailable=reports.first_unavailable)

@@ -46,7 +46,7 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -100,7 +100,7 @@ class Reports:
 def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaError], *,
                  acked_at: float | None, read_at: float, stop_at_unavailable: bool,
                  unavailable: Callable[[KafkaError], bool] = broker_unavailable,
-                 unsent: Collection[str] = (),
+                 unsent: Collection[str] = (), unsent_open: bool = False,
                  off_allowlist: Mapping[str, str] | None = None,
                  cluster_answers: Callable[[], bool] = lambda: True) -> Reports:
     """Sort `messages` by the `errors` reported for them (by message key: a batch has one row
@@ -119,8 +119,10 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
     `unsent` (keys: kept back because the topic's metadata showed their partition unable to
     take them) are no answer of the cluster: a stream batch with nothing delivered stops before
     them as well, so that a topic whose every partition is short of in-sync replicas stops the
-    stream instead of detouring it row by row. Rows `off_allowlist` (keys: why) were never sent:
-    they are sorted apart, in their place, whatever the rest did.
+    stream instead of detouring it row by row; unless the batch sent nothing at all and
+    `unsent_open` (the relay sends to other partitions of their topics: it is their partitions
+    that cannot take them, as when a row is its batch's only one). Rows `off_allowlist`
+    (keys: why) were never sent: they are sorted apart, in their place, whatever the rest did.
 
     A row that timed out in this client (`local_timeout`) beside delivered rows may be a broker
     that died halfway through the batch, not its partition: the stream defers it only if
@@ -133,26 +135,30 @@ def sort_reports(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaErro
     else:
         defer = acked_at is not None and _cluster_answered(
             messages, errors, stop_at_unavailable=stop_at_unavailable, unsent=unsent,
-            off_allowlist=off_allowlist, cluster_answers=cluster_answers)
+            unsent_open=unsent_open, off_allowlist=off_allowlist,
+            cluster_answers=cluster_answers)
         _sort_each(reports, messages, errors, acked=acked_at is not None, defer=defer,
                    stop_at_unavailable=stop_at_unavailable, unavailable=unavailable,
-                   off_allowlist=off_allowlist)
+                   off_allowlist=off_allowlist, kept_back=frozenset() if unsent_open else unsent)
     if acked_at is not None and reports.delivered:
         reports.latencies = _latencies(reports.delivered, acked_at=acked_at, read_at=read_at)
     return reports
 
 
 def _cluster_answered(messages: Sequence[ReadMessage], errors: Mapping[str, KafkaError], *,
-                      stop_at_unavailable: bool, unsent: Collection[str],
+                      stop_at_unavailable: bool, unsent: Collection[str], unsent_open: bool,
                       off_allowlist: Mapping[str, str],
                       cluster_answers: Callable[[], bool]) -> bool:
     """Did the cluster answer an acknowledged batch, so that its rows with a partition-level
     error are deferred (`sort_reports`)? The slow lane's always; the stream's if a row it sent
-    was delivered, and, when a row timed out in this client, if `cluster_answers()` says so."""
+    was delivered, and, when a row timed out in this client, if `cluster_answers()` says so;
+    one that sent nothing, if `unsent_open`."""
     if not stop_at_unavailable:
         return True
     sent = [m for m in messages
             if not m.held and m.key not in unsent and m.key not in off_allowlist]
+    if not sent and unsent:
+        return unsent_open
     if all(m.key in errors for m in sent):
         return False
     timed_out = (partition_unavailable(e) and local_timeout(e)
@@ -172,7 +178,10 @@ def _latencies(delivered: Sequence[ReadMessage], *, acked_at: float,
 def _sort_each(reports: Reports, messages: Sequence[ReadMessage],
                errors: Mapping[str, KafkaError], *, acked: bool, defer: bool,
                stop_at_unavailable: bool, unavailable: Callable[[KafkaError], bool],
-               off_allowlist: Mapping[str, str]) -> None:
+               off_allowlist: Mapping[str, str], kept_back: Collection[str]) -> None:
+    """Sort each row (`sort_reports`); a row of `kept_back` (not sent while every partition of
+    its topic was kept back) is never deferred: the probes that answered beside it may have
+    freed its partition, and it is read again."""
     for index, message in enumerate(messages):
         if message.held:
             reports.detoured.append((message, None))
@@ -183,7 +192,8 @@ def _sort_each(reports: Reports, messages: Sequence[ReadMessage],
         error = errors.get(message.key)
         if error is None and acked:
             reports.delivered.append(message)
-        elif error is not None and defer and partition_unavailable(error):
+        elif (error is not None and defer and partition_unavailable(error)
+              and message.key not in kept_back):
             reports.deferred.append((message, error))
         elif error is None or unavailable(error):
             reports.first_unavailable = reports.first_unavailable or error
@@ -196,6 +206,10 @@ def _sort_each(reports: Reports, messages: Sequence[ReadMessage],
 
 
 # --- the patient producer -----------------------------------------------------------------------------
+
+# How long the patient producer's start waits for each topic's metadata (it goes on without).
+PATIENT_METADATA_S = 2.0
+
 
 @dataclass(frozen=True, slots=True)
 class PatientReport:
@@ -268,6 +282,18 @@ class PatientProducer:
             if error is not None and error.fatal():
                 self._fatal = error
             return
+        self.serve()
+
+    def start(self) -> None:
+        """Start it now, with the metadata of the relay's topics, so that its connections, its
+        idempotent producer id and where each partition is are known before a partition first
+        fails to answer in time (its first probe would wait for them, behind a metadata request
+        that may go to the very broker that does not answer)."""
+        if self._producer is None:
+            producer = self._current()
+            for topic in sorted(self.settings.topics):
+                with contextlib.suppress(KafkaException):
+                    producer.list_topics(topic, timeout=PATIENT_METADATA_S)
         self.serve()
 
     def serve(self, timeout: float = 0.0) -> None:
@@ -352,6 +378,9 @@ FLUSH_MARGIN_S = 5.0
 FLUSH_SLICE_S = 0.2
 # A metadata request's first wait; then twice as long each time, the callbacks served between.
 METADATA_SLICE_S = 0.5
+# How long a stream batch that delivered nothing waits for a metadata answer before its late rows
+# are blamed on their partitions (two slices: a request sent to the slow broker is asked again).
+LATE_ALONE_ANSWER_S = 1.5
 # A row still on its way on the patient producer when the rest of its stream batch was
 # delivered: it did not answer while the others did (PatientProducer).
 PENDING = KafkaError(KafkaError._MSG_TIMED_OUT,
@@ -380,6 +409,8 @@ class Batch:
     partitions: dict[str, int] = field(default_factory=dict)
     # Keys of rows not sent: the topic's metadata showed their partition unable to take them.
     unsent: set[str] = field(default_factory=set)
+    # The relay sent to other partitions of the unsent rows' topics when the batch was produced.
+    unsent_open: bool = False
     # Keys of rows whose outcome is the patient producer's (sent there, or already on their way).
     patient: set[str] = field(default_factory=set)
     # Rows not sent because their topic is not on OUTBOX_TOPICS, by key: why (they are parked).
@@ -406,8 +437,24 @@ class Topics(Protocol):
         """The partition a key goes to (-1: not known)."""
         ...
 
-    def partition_slow(self, topic: str, partition: int) -> None:
-        """Its rows timed out in the client while the rest of their batch was delivered."""
+    @property
+    def holding_back(self) -> bool:
+        """Some partition's rows are not sent now."""
+        ...
+
+    def sends_to_some(self, topic: str) -> bool:
+        """Some partition of `topic` is not kept back now."""
+        ...
+
+    def others_answer(self, topic: str, late: Collection[int], timeout: float) -> bool | None:
+        """Whether a broker that leads none of the `late` partitions answers now (None: no
+        such broker known)."""
+        ...
+
+    def partitions_late(self, topic: str, late: Iterable[int],
+                        answered: Iterable[int] = ()) -> None:
+        """Rows of `late` timed out in the client while the cluster answered (rows of
+        `answered` were acknowledged beside them)."""
         ...
 
     def answered_in_time(self, topic: str, partition: int) -> None:
@@ -427,7 +474,16 @@ class EveryPartitionAble:
     def partition_of(self, topic: str, key: str) -> int:
         return -1
 
-    def partition_slow(self, topic: str, partition: int) -> None:
+    holding_back = False
+
+    def sends_to_some(self, topic: str) -> bool:
+        return True
+
+    def others_answer(self, topic: str, late: Collection[int], timeout: float) -> bool | None:
+        return None
+
+    def partitions_late(self, topic: str, late: Iterable[int],
+                        answered: Iterable[int] = ()) -> None:
         pass
 
     def answered_in_time(self, topic: str, partition: int) -> None:
@@ -485,8 +541,8 @@ class PatientRoute:
     def await_reports(self, batch: Batch) -> None:
         """A stream batch's rows on the patient producer: waited for while nothing else of the
         batch was delivered (they may be all the batch has to say), up to the delivery timeout
-        from the batch's produce; once the rest was delivered, a moment more (a row still on its
-        way then did not answer while the others did). Their outcomes go into the batch's
+        from the batch's produce; once the rest was delivered, or one of them, a moment more (a
+        row still on its way then did not answer while the others did). Their outcomes go into the batch's
         errors (PENDING: still on its way); nothing is taken before the batch is recorded
         (`record`)."""
         if not batch.patient:
@@ -495,11 +551,14 @@ class PatientRoute:
         patient = self.patient
         deadline = batch.deadline - FLUSH_MARGIN_S  # the delivery timeout, from the produce
         while not self._stop.is_set():
-            if all(patient.report(i) is not None for i in waiting):
+            reports = [patient.report(i) for i in waiting]
+            if all(r is not None for r in reports):
                 break
             now = time.monotonic()
             if batch.acked_at is not None and batch.sent > _failed_sent(batch):
                 deadline = min(deadline, max(now, batch.acked_at) + FLUSH_SLICE_S)
+            elif any(r is not None and r.error is None for r in reports):
+                deadline = min(deadline, now + FLUSH_SLICE_S)  # one of them was acknowledged
             if now >= deadline:
                 break
             patient.serve(min(FLUSH_SLICE_S, deadline - now))
@@ -518,8 +577,9 @@ class PatientRoute:
         """After a batch was recorded: its patient rows' reports (`_take_reports`); the
         rows the relay's producer gave up on while they may have been sent are possibly
         appended from now on (in either lane they go to the patient producer); a partition
-        whose rows timed out in the client while the rest of the batch was delivered is slow
-        (outbox.topic_watch keeps it back)."""
+        whose rows timed out in the client while the rest of the batch was delivered is late,
+        and the delivered rows' partitions vouch for the brokers they waited on
+        (outbox.topic_watch keeps back what waits on a late one)."""
         patient = self.patient
         if not (batch.errors or batch.patient or patient.possibly_appended):
             return
@@ -531,9 +591,17 @@ class PatientRoute:
             return
         if patient.possibly_appended:
             patient.possibly_appended.difference_update(m.id for m in reports.delivered)
+        late: dict[str, set[int]] = {}
         for message, error in reports.deferred:
             if local_timeout(error) and message.key not in batch.unsent:
-                self.topics.partition_slow(message.topic, batch.partitions.get(message.key, -1))
+                late.setdefault(message.topic, set()).add(batch.partitions.get(message.key, -1))
+        if late or self.topics.holding_back:
+            answered: dict[str, set[int]] = {}
+            for message in reports.delivered:
+                answered.setdefault(message.topic, set()).add(
+                    self.topics.partition_of(message.topic, message.key))
+            for topic in sorted(late.keys() | answered.keys()):
+                self.topics.partitions_late(topic, late.get(topic, ()), answered.get(topic, ()))
 
     def _mark_possibly_appended(self, batch: Batch) -> None:
         """The rows the relay's producer sent and gave up on while they may have been sent."""
@@ -546,7 +614,8 @@ class PatientRoute:
         """A stream batch (rows up to `settled` recorded): a recorded row's report is taken
         (one that came within the delivery timeout says its partition answers again), one
         detoured on its way is left to the slow lane, and a failure of a row read again is
-        forgotten (it is sent again then). A slow-lane batch (`settled` None): its patient rows'
+        forgotten (it is sent again then), an answer in time of one vouches for its partition's
+        brokers all the same. A slow-lane batch (`settled` None): its patient rows'
         reports are the slow lane's (outbox.lanes.SlowLane)."""
         patient = self.patient
         for index, message in enumerate(batch.read):
@@ -554,10 +623,12 @@ class PatientRoute:
                 continue
             if settled is None:
                 patient.to_slow_lane(message.id)
-            elif index >= settled:
-                failed = patient.report(message.id)
-                if failed is not None and failed.error is not None:
+            elif index >= settled:  # read again: a failure is forgotten, an answer kept
+                came = patient.report(message.id)
+                if came is not None and came.error is not None:
                     patient.take(message.id)
+                elif came is not None and came.in_time:  # its brokers answered all the same
+                    self.topics.answered_in_time(message.topic, came.partition)
             else:
                 report = patient.take(message.id)
                 if report is None:
@@ -570,6 +641,61 @@ def _failed_sent(batch: Batch) -> int:
     """How many rows the relay's producer sent in `batch` got an error report."""
     return sum(1 for key in batch.errors
                if key not in batch.unsent and key not in batch.patient)
+
+
+class LateRows:
+    """What the relay's producer makes of a stream batch's rows that timed out in the client
+    (docs/outbox-relay.md, "A slow leader"): whether the cluster answers beside them, and, for a
+    batch that delivered nothing, whether their partitions are late all the same."""
+
+    def __init__(self, relay: "RelayProducer") -> None:
+        self._relay = relay
+        self._delivered_at: float | None = None  # when a batch last had a row delivered
+
+    def delivered(self) -> None:
+        """A recorded batch had a row delivered."""
+        self._delivered_at = time.monotonic()
+
+    def answers_beside(self, batch: Batch, within: float | None = None) -> bool:
+        """Whether the cluster answers now, beside the partitions of the batch's rows that timed
+        out in this client: a broker that leads none of them answers a request sent to it
+        (TopicWatch.others_answer), else, where none is known, a metadata request
+        (RelayProducer.cluster_answers, which is not asked once stop is set)."""
+        timeout_s = self._relay.settings.delivery_timeout.total_seconds() if within is None else within
+        late = self._late_partitions(batch)
+        found = [self._relay.topics.others_answer(topic, partitions, timeout_s)
+                 for topic, partitions in sorted(late.items())]
+        if any(found):
+            return True
+        if found and None not in found:
+            return False
+        return self._relay.cluster_answers(within)
+
+    def _late_partitions(self, batch: Batch) -> dict[str, set[int]]:
+        """The partitions of the rows sent in `batch` that timed out in the client, by topic."""
+        by_key = {m.key: m for m in batch.read}
+        late: dict[str, set[int]] = {}
+        for key, error in batch.errors.items():
+            partition = batch.partitions.get(key, -1)
+            if key not in batch.unsent and local_timeout(error) and partition >= 0:
+                late.setdefault(by_key[key].topic, set()).add(partition)
+        return late
+
+    def note_late_alone(self, batch: Batch) -> None:
+        """A stream batch that delivered nothing, some of its rows timed out in this client: if
+        the cluster answered (a batch was delivered within the delivery timeout before this one
+        was produced, or another broker answers within LATE_ALONE_ANSWER_S), their
+        partitions are late (outbox.topic_watch keeps back whatever waits on the brokers they
+        waited on), so that the next batch does not wait out the same broker. The batch stops
+        the stream all the same: nothing of it is deferred, so a cluster that answers but takes
+        no record (its quorum lost) floods nothing."""
+        late = self._late_partitions(batch)
+        timeout_s = self._relay.settings.delivery_timeout.total_seconds()
+        produced_at = batch.deadline - FLUSH_MARGIN_S - timeout_s
+        answered = self._delivered_at is not None and self._delivered_at >= produced_at - timeout_s
+        if late and (answered or self.answers_beside(batch, LATE_ALONE_ANSWER_S)):
+            for topic, partitions in sorted(late.items()):
+                self._relay.topics.partitions_late(topic, partitions)
 
 
 class KafkaState:
@@ -644,8 +770,7 @@ class KafkaState:
 
 
 class RelayProducer:
-    """The producer of one relay, a batch handed to it and awaited; what Kafka said of it is
-    its KafkaState's, its rows that go the patient way its PatientRoute's."""
+    """One relay's producer: what Kafka said is its KafkaState's, patient rows its PatientRoute's."""
 
     def __init__(self, settings: RelaySettings, client_id: str, *, emit: Emit,
                  stop: threading.Event, topics: Topics | None = None,
@@ -663,6 +788,7 @@ class RelayProducer:
         self.route = PatientRoute(self.patient, self.topics, stop)
         self.state = KafkaState(settings, emit=emit, stop=stop, outage=outage)
         self.outage = self.state.outage
+        self.late = LateRows(self)
 
     @property
     def producer(self) -> Producer:
@@ -684,12 +810,13 @@ class RelayProducer:
     def batch_recorded(self, *, published: int, released: int,
                        first_unavailable: KafkaError | None) -> None:
         """What a recorded batch says of Kafka (KafkaState.batch_recorded)."""
+        if published:
+            self.late.delivered()
         self.state.batch_recorded(published=published, released=released,
                                   first_unavailable=first_unavailable)
 
     def _poll(self, producer: Producer, timeout: float) -> bool:
-        """Serve callbacks; False if the producer failed fatally (poll raises that, for instance
-        an idempotent producer whose broker forgot it: UNKNOWN_PRODUCER_ID after a restart)."""
+        """Serve callbacks; False if the producer failed fatally (UNKNOWN_PRODUCER_ID...)."""
         return self._unless_fatal(producer.poll, timeout) is not None
 
     def _flush(self, producer: Producer, timeout: float) -> int | None:
@@ -719,9 +846,10 @@ class RelayProducer:
         self._unacked = [b for b in self._unacked if b.producer is not producer]
 
     def connect(self) -> None:
-        """Start the producer now (it connects at once), so a refusal shows before any event."""
+        """Start the producer now, so a refusal shows before any event; and the patient one."""
         self._poll(self.producer, 0)
         self.state.check_refused()
+        self.patient.start()
 
     def check_broker(self) -> bool:
         """Ask the broker for its metadata, up to the delivery timeout: True if it answered;
@@ -734,20 +862,19 @@ class RelayProducer:
         self.state.reached_kafka()
         return True
 
-    def cluster_answers(self) -> bool:
-        """Whether a broker answers a metadata request now, up to the delivery timeout: asked
-        before a stream batch's timed-out rows are blamed on their partition (docs/outbox-
-        relay.md, "One partition's outage"). Not once stop is set: the rows are read again."""
-        return not self._stop.is_set() and self._ask_metadata() is None
+    def cluster_answers(self, within: float | None = None) -> bool:
+        """Whether a broker answers a metadata request now, up to `within` seconds (the delivery
+        timeout by default; LateRows asks it). Not once stop is set: the rows are read again."""
+        return not self._stop.is_set() and self._ask_metadata(within) is None
 
-    def _ask_metadata(self) -> KafkaException | None:
-        """A metadata request, up to the delivery timeout: None if a broker answered, else
-        the failure (the error callback, served after it, classifies what happened). Asked
-        again after a slice that doubles each time, the callbacks served between, so that a
-        refusal (a wrong password, a principal that may not produce) ends the wait early and
-        a slow broker still gets the whole timeout."""
+    def _ask_metadata(self, within: float | None = None) -> KafkaException | None:
+        """A metadata request, up to `within` seconds (the delivery timeout by default): None
+        if a broker answered, else the failure (classified by the error callback, served after
+        it). Asked again after slices that double, the callbacks served between: a refusal ends
+        the wait early, a slow broker still gets the whole timeout."""
         producer = self.producer
-        deadline = time.monotonic() + self.settings.delivery_timeout.total_seconds()
+        deadline = time.monotonic() + (self.settings.delivery_timeout.total_seconds()
+                                       if within is None else within)
         slice_s = METADATA_SLICE_S
         while True:
             try:
@@ -839,6 +966,8 @@ class RelayProducer:
                         on_delivery=failed)
             except (BufferError, TypeError, KafkaException):  # not handed over: the careful way
                 self._produce(producer, message, errors, failed)
+        unsent_topics = {m.topic for m in batch.read if m.key in batch.unsent}
+        batch.unsent_open = all(self.topics.sends_to_some(topic) for topic in unsent_topics)
         self._unacked.append(batch)
         self._poll(producer, 0)
         self._emit(logging.DEBUG, "batch produced",

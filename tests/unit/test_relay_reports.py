@@ -116,12 +116,29 @@ def test_a_stream_batch_of_rows_the_metadata_kept_back_is_no_answer_and_stops_th
     kept_back = sort_reports(rows, errors, acked_at=11.0, read_at=10.0, stop_at_unavailable=True,
                              unsent={"key-1", "key-4"})
     beside_one_delivered = sort_reports([*rows, row(5)], errors, acked_at=11.0, read_at=10.0,
-                                        stop_at_unavailable=True, unsent={"key-1", "key-4"})
+                                        stop_at_unavailable=True, unsent={"key-1", "key-4"},
+                                        unsent_open=True)  # row 5's partition was not kept back
 
     assert kept_back.settled == 0 and not kept_back.deferred and not kept_back.detoured
     assert kept_back.first_unavailable is short
     assert [m.key for m, _e in beside_one_delivered.deferred] == ["key-1", "key-4"]
     assert beside_one_delivered.settled == 4
+
+
+def test_rows_kept_back_are_deferred_only_while_the_relay_sends_to_another_partition() -> None:
+    """A row kept back alone in its batch (a stream nearly caught up reads one row at a time)
+    is deferred while some partition of its topic is not kept back (`unsent_open`): it is its
+    partition's trouble. With every partition kept back, the rows beside the probes that
+    answered are read again, not deferred (the probes may have freed their partitions)."""
+    slow = KafkaError(KafkaError._MSG_TIMED_OUT, "not sent: the partition waits on broker 2")
+    alone = sort_reports([row(1)], {"key-1": slow}, acked_at=11.0, read_at=10.0,
+                         stop_at_unavailable=True, unsent={"key-1"}, unsent_open=True)
+    beside_probes = sort_reports([row(1), row(2)], {"key-2": slow}, acked_at=11.0, read_at=10.0,
+                                 stop_at_unavailable=True, unsent={"key-2"}, unsent_open=False)
+
+    assert [m.key for m, _e in alone.deferred] == ["key-1"] and alone.settled == 1
+    assert [m.key for m in beside_probes.delivered] == ["key-1"]  # the probe
+    assert not beside_probes.deferred and beside_probes.settled == 1
 
 
 def test_a_row_kept_back_beside_sent_rows_of_which_none_was_delivered_stops_the_stream() -> None:
