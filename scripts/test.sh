@@ -16,8 +16,9 @@
 # three-node cluster (scripts/kafka.sh) starts in the background first, and
 # the workers share it (TEST_KAFKA_CLUSTER_DIR); with arguments, a run that selects those
 # tests starts a cluster of its own (tests/support/kafka_support.py). The fault tests (marker
-# `faults`, each on a three-node cluster of its own, about 4.5 minutes) are left out of the run
-# without arguments: scripts/test.sh -m faults runs them (docs/testing.md says why).
+# `faults`, each on a three-node cluster of its own, about 3.5 minutes) run after the rest has
+# passed, one at a time, with the shared cluster stopped (docs/testing.md says why);
+# scripts/test.sh -m faults runs them alone.
 # The one-minute inner loop, with no database, broker or browser: scripts/test-unit.sh.
 # Installs what it needs (a venv with the pinned requirements; Debian's postgresql if no
 # server answers; Debian's prometheus for the alert-rule and scrape tests; Debian's faketime;
@@ -139,4 +140,16 @@ kafka_stop
 clock_status=0
 collect "$clock_pid" "$clock_log" || clock_status=$?
 clock_pid=""
-exit "$clock_status"
+if [ "$clock_status" -ne 0 ]; then
+    exit "$clock_status"
+fi
+echo "== the fault tests, one at a time, each on a three-node Kafka cluster of its own"
+set +e
+"$VENV/bin/pytest" -m faults --junitxml=artifacts/junit-faults.xml tests/kafka/test_sick_cluster.py
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+    echo "test.sh: pytest collected no fault test: that is a failure" >&2
+    exit 1
+fi
+exit "$status"

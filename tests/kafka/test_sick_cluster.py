@@ -25,7 +25,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +60,7 @@ from tests.support.relay_support import (
     wait_for,
 )
 
-# Not in the default run (scripts/test.sh): `scripts/test.sh -m faults` (docs/testing.md says why).
+# Run by scripts/test.sh after the rest, one at a time (docs/testing.md says why).
 pytestmark = pytest.mark.faults
 
 PARTITIONS = 6
@@ -288,7 +288,7 @@ def audit_against_topic(cluster: KafkaCluster) -> dict[str, int]:
     with connection.cursor() as cursor:
         cursor.execute("reset role")
     with as_role(AUDITOR_ROLE):
-        report = run_audit(AuditOptions(as_of=datetime.now(UTC) + timedelta(days=1),
+        report = run_audit(AuditOptions(as_of=BASE_TIME + timedelta(days=1),  # the rows' day
                                         since=timedelta(days=30), topic_reader=reader))
     return {f.code: f.count for c in report.checks if c.name == "topic" for f in c.findings}
 
@@ -370,12 +370,13 @@ def test_every_partition_short_of_in_sync_replicas_stops_the_stream_without_a_fl
 
     # Two of three nodes down: the quorum goes with them, and nothing answers in time.
     down = [n.id for n in cluster.nodes if n.id != victim]
+    detours_before = detoured_count()  # the ones of the first outage's end are not this one's
     for node in down:
         cluster.signal_node(node, signal.SIGKILL)
     quorum_from = r.note_published()
     keep_down(2 * DELIVERY_TIMEOUT.total_seconds())
     during_quorum = r.note_published() - quorum_from
-    detours_quorum = detoured_count() - detours_short
+    detours_quorum = detoured_count() - detours_before
     assert detours_quorum <= 50, f"{detours_quorum} rows detoured without a quorum"
     for node in down:
         cluster.start_node(node, wait=False)
@@ -406,7 +407,7 @@ def placed_topic(cluster: KafkaCluster, assignment: list[list[int]]) -> None:
     wait_for(lambda: leaders(cluster) == wanted, timeout=60, what="the placed leaders")
 
 
-def test_a_slow_leader_costs_the_other_partitions_two_delivery_timeouts_and_no_third_copy(
+def test_a_slow_leader_costs_the_other_partitions_one_delivery_timeout_and_no_third_copy(
         own_kafka_cluster: KafkaCluster, start: Callable[..., Run]) -> None:
     """One broker (not the active controller) stopped for 8 s, four delivery timeouts, with the
     replicas placed: it leads partitions 0 and 1 and follows 2 and 3, whose leader waits for it
@@ -414,10 +415,11 @@ def test_a_slow_leader_costs_the_other_partitions_two_delivery_timeouts_and_no_t
     socket and answers them at SIGCONT (unless the controller fences it first, after
     broker.session.timeout.ms: its partitions move then).
 
-    Placed on purpose: a broker holds back every request of a connection behind the one it
-    is answering, and a produce request waits for every partition in it, so a partition whose
-    leader also leads one that waits for the stopped follower waits with it (the relay's rule
-    cannot tell it apart until one of its rows is delivered: docs/outbox-relay.md)."""
+    Placed on purpose: partitions 2 and 3 wait for the stopped broker as a follower, 4 and 5
+    for neither it nor a broker that waits on it as a leader; the first time-out of a partition
+    of the stopped broker keeps back every partition that waits on a broker it waited on, the
+    next batch's probes vouch for brokers 4 and 5 wait on, and those flow
+    (docs/outbox-relay.md, "A slow leader")."""
     cluster = own_kafka_cluster
     timeout_s = 2.0
     controller = active_controller(cluster)
@@ -439,15 +441,16 @@ def test_a_slow_leader_costs_the_other_partitions_two_delivery_timeouts_and_no_t
         cluster.signal_node(victim, signal.SIGCONT)
     per_timeout = [max((n for t, n in seen if t < (k + 1) * timeout_s), default=0)
                    - max((n for t, n in seen if t < k * timeout_s), default=0) for k in range(4)]
-    # After two time-outs (the batches in flight wait one out; the next carries rows of the
-    # partitions that wait for the stopped broker but have not timed out yet, and waits
-    # another) they flow while the broker is still stopped: the relay keeps the partitions
-    # that did not answer back.
-    assert min(per_timeout[2:]) > 0 and sum(per_timeout[2:]) >= 30, per_timeout
+    in_flight = per_timeout[0]  # the batches in flight at the stop: delivered, or waiting it out
+    resumed = next((t for t, n in seen if n > in_flight), None)
+    # After the first time-out the relay keeps back every partition that waits on the stopped
+    # broker (it leads 0 and 1, follows 2 and 3) and the others flow while it is still stopped.
+    assert all(n > 0 for n in per_timeout[1:]) and sum(per_timeout[1:]) >= 30, per_timeout
     rows = r.finish()
     check_invariant("a slow leader (SIGSTOP 8 s, delivery timeout 2 s)", r, rows,
                     stopped=victim, independent_partitions=sorted(independent),
-                    independent_delivered_per_delivery_timeout=per_timeout)
+                    independent_delivered_per_delivery_timeout=per_timeout,
+                    independent_flowing_again_after_s=resumed and round(resumed, 1))
 
 
 # --- 4. a broker unreachable from the relay only -------------------------------------------
@@ -485,7 +488,10 @@ def test_a_broker_unreachable_from_the_relay_holds_back_only_its_partitions_keys
     head = [insert_outbox(head_owner, created_at=BASE_TIME, seq=n) for n in range(2)]
     r = start(cluster, bootstrap=cluster.routed_bootstrap_servers)
     began = time.monotonic()
-    wait_for(lambda: r.delivered_on(others) >= 200, timeout=60,
+    # The head's time-out, the probe of every partition that waits on the cut broker, and
+    # the answers of those it only follows (9 to 12 s measured; stuck behind the probes'
+    # unrecorded answers, it took 39 s).
+    wait_for(lambda: r.delivered_on(others) >= 200, timeout=30,
              what="every other partition's owners' events flowing while one broker is cut off")
     flowing_after_s = time.monotonic() - began
     keep_down(2 * DELIVERY_TIMEOUT.total_seconds())
