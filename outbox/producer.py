@@ -542,9 +542,9 @@ class PatientRoute:
         """A stream batch's rows on the patient producer: waited for while nothing else of the
         batch was delivered (they may be all the batch has to say), up to the delivery timeout
         from the batch's produce; once the rest was delivered, or one of them, a moment more (a
-        row still on its way then did not answer while the others did). Their outcomes go into the batch's
-        errors (PENDING: still on its way); nothing is taken before the batch is recorded
-        (`record`)."""
+        row still on its way then did not answer while the others did). Their outcomes go into
+        the batch's errors (PENDING: still on its way); nothing is taken before the batch is
+        recorded (`record`)."""
         if not batch.patient:
             return
         waiting = {m.id for m in batch.read if m.key in batch.patient and not m.held}
@@ -648,8 +648,9 @@ class LateRows:
     (docs/outbox-relay.md, "A slow leader"): whether the cluster answers beside them, and, for a
     batch that delivered nothing, whether their partitions are late all the same."""
 
-    def __init__(self, relay: "RelayProducer") -> None:
+    def __init__(self, relay: "RelayProducer", stop: threading.Event) -> None:
         self._relay = relay
+        self._stop = stop
         self._delivered_at: float | None = None  # when a batch last had a row delivered
 
     def delivered(self) -> None:
@@ -660,7 +661,9 @@ class LateRows:
         """Whether the cluster answers now, beside the partitions of the batch's rows that timed
         out in this client: a broker that leads none of them answers a request sent to it
         (TopicWatch.others_answer), else, where none is known, a metadata request
-        (RelayProducer.cluster_answers, which is not asked once stop is set)."""
+        (RelayProducer.cluster_answers). Not once stop is set: the rows are read again."""
+        if self._stop.is_set():
+            return False
         timeout_s = self._relay.settings.delivery_timeout.total_seconds() if within is None else within
         late = self._late_partitions(batch)
         found = [self._relay.topics.others_answer(topic, partitions, timeout_s)
@@ -788,7 +791,7 @@ class RelayProducer:
         self.route = PatientRoute(self.patient, self.topics, stop)
         self.state = KafkaState(settings, emit=emit, stop=stop, outage=outage)
         self.outage = self.state.outage
-        self.late = LateRows(self)
+        self.late = LateRows(self, stop)
 
     @property
     def producer(self) -> Producer:
