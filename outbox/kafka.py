@@ -116,7 +116,8 @@ UNDELIVERABLE_CODES = frozenset({
 # The broker refused the relay itself: credentials, SASL mechanism, or the TLS handshake
 # (certificate not trusted, host name mismatch); or its principal may not produce at all (the
 # idempotent producer's id is refused without Write on any topic: CLUSTER_AUTHORIZATION_FAILED,
-# fatal). Waiting does not change that.
+# fatal), or may not write a topic on OUTBOX_TOPICS (TOPIC_AUTHORIZATION_FAILED, for each
+# record, once it has its producer id). Waiting does not change that.
 REFUSED_CODES = frozenset({
     KafkaError._AUTHENTICATION,
     KafkaError._SSL,
@@ -124,6 +125,7 @@ REFUSED_CODES = frozenset({
     KafkaError.UNSUPPORTED_SASL_MECHANISM,
     KafkaError.ILLEGAL_SASL_STATE,
     KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED,
 })
 
 # The broker knows the client, and its ACLs do not allow what it asked (docs/operations.md,

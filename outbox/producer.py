@@ -296,6 +296,13 @@ class PatientProducer:
                     producer.list_topics(topic, timeout=PATIENT_METADATA_S)
         self.serve()
 
+    def restart(self) -> None:
+        """The relay's producer was replaced after a fatal error, or every broker went down:
+        this one goes too (a broker that forgot one producer forgot both, and a restarted one
+        may give its id to another); what it had in flight is purged, reported as such, and
+        sent again by the next one."""
+        self._drop()
+
     def serve(self, timeout: float = 0.0) -> None:
         """Serve its reports (up to `timeout`); a fatal error replaces the producer (what it had
         in flight is purged: reported as such, and sent again at its next turn)."""
@@ -651,11 +658,6 @@ class LateRows:
     def __init__(self, relay: "RelayProducer", stop: threading.Event) -> None:
         self._relay = relay
         self._stop = stop
-        self._delivered_at: float | None = None  # when a batch last had a row delivered
-
-    def delivered(self) -> None:
-        """A recorded batch had a row delivered."""
-        self._delivered_at = time.monotonic()
 
     def answers_beside(self, batch: Batch, within: float | None = None) -> bool:
         """Whether the cluster answers now, beside the partitions of the batch's rows that timed
@@ -686,17 +688,13 @@ class LateRows:
 
     def note_late_alone(self, batch: Batch) -> None:
         """A stream batch that delivered nothing, some of its rows timed out in this client: if
-        the cluster answered (a batch was delivered within the delivery timeout before this one
-        was produced, or another broker answers within LATE_ALONE_ANSWER_S), their
+        the cluster answers beside them within LATE_ALONE_ANSWER_S (`answers_beside`), their
         partitions are late (outbox.topic_watch keeps back whatever waits on the brokers they
         waited on), so that the next batch does not wait out the same broker. The batch stops
         the stream all the same: nothing of it is deferred, so a cluster that answers but takes
         no record (its quorum lost) floods nothing."""
         late = self._late_partitions(batch)
-        timeout_s = self._relay.settings.delivery_timeout.total_seconds()
-        produced_at = batch.deadline - FLUSH_MARGIN_S - timeout_s
-        answered = self._delivered_at is not None and self._delivered_at >= produced_at - timeout_s
-        if late and (answered or self.answers_beside(batch, LATE_ALONE_ANSWER_S)):
+        if late and self.answers_beside(batch, LATE_ALONE_ANSWER_S):
             for topic, partitions in sorted(late.items()):
                 self._relay.topics.partitions_late(topic, partitions)
 
@@ -717,12 +715,14 @@ class KafkaState:
                                           interval_s=settings.outage_log_interval.total_seconds())
         self.fatal: KafkaError | None = None
         self.refusal: KafkaError | None = None  # the first refusal: the relay stops on it
+        self.all_brokers_went_down = False  # since the patient producer last started
 
     def on_error(self, error: KafkaError) -> None:
         """librdkafka's error callback: a refusal stops the relay, a fatal error replaces the
         producer (its line is the replacement's), anything else is a failing connection."""
         if error.code() == KafkaError._ALL_BROKERS_DOWN:
             metrics.set_connected(False)
+            self.all_brokers_went_down = True
         if error.fatal():
             self.fatal = error
         if refused(error):
@@ -772,6 +772,30 @@ class KafkaState:
             raise refusal(self.refusal, self._settings)
 
 
+def _reporter(batch: Batch, state: KafkaState, topics: Topics) -> Callable[..., None]:
+    """The delivery callback of `batch`'s rows: each error lands in the batch under its row's
+    key, with its partition, and is told to the topic watch."""
+    errors, partitions, partition_failed = batch.errors, batch.partitions, topics.partition_failed
+
+    def failed(error: KafkaError | None, record: Any) -> None:
+        if error is None:  # only errors are reported (delivery.report.only.error)
+            return
+        if refused(error):  # not allowed to write the topic: the relay stops (exit 4)
+            state.refuse(error)  # and the row, with no report, is read again
+            return
+        if error.code() in PRODUCER_STATE_CODES and not error.fatal():
+            # A broker that forgot this producer (or gave its id to the patient one, Tansu
+            # after a restart) fences every message of it: replace it.
+            state.fatal = state.fatal or error
+        key = record.key().decode()
+        errors[key] = error
+        partition = record.partition()  # None while none was assigned
+        partitions[key] = -1 if partition is None else partition
+        partition_failed(record.topic(), partitions[key], error)
+
+    return failed
+
+
 class RelayProducer:
     """One relay's producer: what Kafka said is its KafkaState's, patient rows its PatientRoute's."""
 
@@ -801,6 +825,7 @@ class RelayProducer:
                            {"error": describe(self.state.fatal)})
                 if self._producer is not None:
                     self._drop(self._producer)
+                    self.patient.restart()
             self.state.fatal = None
             self._producer = kafka.new_producer(self.settings, self.client_id,
                                                 self.state.on_error, self.state.on_statistics)
@@ -813,8 +838,6 @@ class RelayProducer:
     def batch_recorded(self, *, published: int, released: int,
                        first_unavailable: KafkaError | None) -> None:
         """What a recorded batch says of Kafka (KafkaState.batch_recorded)."""
-        if published:
-            self.late.delivered()
         self.state.batch_recorded(published=published, released=released,
                                   first_unavailable=first_unavailable)
 
@@ -849,9 +872,13 @@ class RelayProducer:
         self._unacked = [b for b in self._unacked if b.producer is not producer]
 
     def connect(self) -> None:
-        """Start the producer now, so a refusal shows before any event; and the patient one."""
+        """Start the producer now, so a refusal shows before any event; and the patient one,
+        anew after every broker went down (a broker restarted may not know its id)."""
         self._poll(self.producer, 0)
         self.state.check_refused()
+        if self.state.all_brokers_went_down:
+            self.state.all_brokers_went_down = False
+            self.patient.restart()
         self.patient.start()
 
     def check_broker(self) -> bool:
@@ -933,21 +960,8 @@ class RelayProducer:
                     + FLUSH_MARGIN_S)
         batch = Batch(read.messages, read.read_at, 0, {}, deadline, producer, start)
         errors, partitions = batch.errors, batch.partitions
-
-        def failed(error: KafkaError | None, record: Any) -> None:
-            if error is not None:  # only errors are reported (delivery.report.only.error)
-                if error.code() in PRODUCER_STATE_CODES and not error.fatal():
-                    # A broker that forgot this producer (or gave its id to the patient one,
-                    # Tansu after a restart) fences every message of it: replace it.
-                    self.state.fatal = self.state.fatal or error
-                key = record.key().decode()
-                errors[key] = error
-                partition = record.partition()  # None while none was assigned
-                partitions[key] = -1 if partition is None else partition
-                partition_failed(record.topic(), partitions[key], error)
-
+        failed = _reporter(batch, self.state, self.topics)
         produce, loads = producer.produce, orjson.loads
-        partition_failed = self.topics.partition_failed
         careful = self.patient.busy  # rows the patient producer has, or must have
         for message in batch.read:
             if message.held:

@@ -15,6 +15,7 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from outbox.config import RelaySettings
+from outbox.kafka import KafkaRefusedError
 from outbox.producer import Batch, EveryPartitionAble, RelayProducer, sort_reports
 from outbox.store import Read, ReadMessage
 
@@ -366,3 +367,19 @@ def test_every_error_report_is_told_to_the_topic_watch_with_its_partition(
     harness.relay.await_batch(batch)
 
     assert told == [("topic", 3, KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND)]
+
+
+def test_a_topic_the_principal_may_not_write_refuses_the_relay_and_its_row_is_read_again(
+    harness: Harness,
+) -> None:
+    """TOPIC_AUTHORIZATION_FAILED in a delivery report (the principal has its producer id, from
+    Write on some other topic, but may not write this one): the relay stops, exit 4, in one
+    line; the row gets no error of its own, so it is read again, not refused and parked."""
+    batch = harness.batch("a", "b")
+    harness.fake.fail("b", KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), partition=3)
+
+    harness.relay.await_batch(batch)
+
+    assert harness.relay.refused and batch.acked_at is None and "b" not in batch.errors
+    with pytest.raises(KafkaRefusedError, match="TOPIC_AUTHORIZATION_FAILED"):
+        harness.relay.state.check_refused()
