@@ -658,6 +658,11 @@ class LateRows:
     def __init__(self, relay: "RelayProducer", stop: threading.Event) -> None:
         self._relay = relay
         self._stop = stop
+        self._delivered_at: float | None = None  # when a batch last had a row delivered
+
+    def delivered(self) -> None:
+        """A recorded batch had a row delivered."""
+        self._delivered_at = time.monotonic()
 
     def answers_beside(self, batch: Batch, within: float | None = None) -> bool:
         """Whether the cluster answers now, beside the partitions of the batch's rows that timed
@@ -688,13 +693,18 @@ class LateRows:
 
     def note_late_alone(self, batch: Batch) -> None:
         """A stream batch that delivered nothing, some of its rows timed out in this client: if
-        the cluster answers beside them within LATE_ALONE_ANSWER_S (`answers_beside`), their
-        partitions are late (outbox.topic_watch keeps back whatever waits on the brokers they
-        waited on), so that the next batch does not wait out the same broker. The batch stops
-        the stream all the same: nothing of it is deferred, so a cluster that answers but takes
-        no record (its quorum lost) floods nothing."""
+        the cluster answered (a batch was delivered within the delivery timeout before this one
+        was produced, or another leader answers within LATE_ALONE_ANSWER_S: `answers_beside`,
+        whose request may wait on the slow broker), their partitions are late
+        (outbox.topic_watch keeps back whatever waits on the brokers they waited on), so that
+        the next batch does not wait out the same broker. The batch stops the stream all the
+        same: nothing of it is deferred, so a cluster that answers but takes no record (its
+        quorum lost) floods nothing."""
         late = self._late_partitions(batch)
-        if late and self.answers_beside(batch, LATE_ALONE_ANSWER_S):
+        timeout_s = self._relay.settings.delivery_timeout.total_seconds()
+        produced_at = batch.deadline - FLUSH_MARGIN_S - timeout_s
+        answered = self._delivered_at is not None and self._delivered_at >= produced_at - timeout_s
+        if late and (answered or self.answers_beside(batch, LATE_ALONE_ANSWER_S)):
             for topic, partitions in sorted(late.items()):
                 self._relay.topics.partitions_late(topic, partitions)
 
@@ -838,6 +848,8 @@ class RelayProducer:
     def batch_recorded(self, *, published: int, released: int,
                        first_unavailable: KafkaError | None) -> None:
         """What a recorded batch says of Kafka (KafkaState.batch_recorded)."""
+        if published:
+            self.late.delivered()
         self.state.batch_recorded(published=published, released=released,
                                   first_unavailable=first_unavailable)
 
