@@ -417,8 +417,8 @@ def test_a_slow_leader_costs_the_other_partitions_one_delivery_timeout_and_no_th
 
     Placed on purpose: partitions 2 and 3 wait for the stopped broker as a follower, 4 and 5
     for neither it nor a broker that waits on it as a leader; the first time-out of a partition
-    of the stopped broker keeps back every partition that waits on a broker it waited on, the
-    next batch's probes vouch for brokers 4 and 5 wait on, and those flow
+    of the stopped broker keeps back every partition that waits on a broker it waited on; the
+    next batch's probes of 4 and 5 vouch for the brokers those wait on, and they flow
     (docs/outbox-relay.md, "A slow leader")."""
     cluster = own_kafka_cluster
     timeout_s = 2.0
