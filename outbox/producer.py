@@ -385,8 +385,8 @@ FLUSH_MARGIN_S = 5.0
 FLUSH_SLICE_S = 0.2
 # A metadata request's first wait; then twice as long each time, the callbacks served between.
 METADATA_SLICE_S = 0.5
-# How long a stream batch that delivered nothing waits for a metadata answer before its late rows
-# are blamed on their partitions (two slices: a request sent to the slow broker is asked again).
+# How long a stream batch that delivered nothing waits for another leader's answer (or, where
+# none is known, a metadata answer: two slices) before its late rows are blamed on their partitions.
 LATE_ALONE_ANSWER_S = 1.5
 # A row still on its way on the patient producer when the rest of its stream batch was
 # delivered: it did not answer while the others did (PatientProducer).
@@ -445,8 +445,8 @@ class Topics(Protocol):
         ...
 
     @property
-    def holding_back(self) -> bool:
-        """Some partition's rows are not sent now."""
+    def suspecting(self) -> bool:
+        """Some broker is suspected of holding up a late partition (delivered rows vouch)."""
         ...
 
     def sends_to_some(self, topic: str) -> bool:
@@ -481,7 +481,7 @@ class EveryPartitionAble:
     def partition_of(self, topic: str, key: str) -> int:
         return -1
 
-    holding_back = False
+    suspecting = False
 
     def sends_to_some(self, topic: str) -> bool:
         return True
@@ -602,7 +602,7 @@ class PatientRoute:
         for message, error in reports.deferred:
             if local_timeout(error) and message.key not in batch.unsent:
                 late.setdefault(message.topic, set()).add(batch.partitions.get(message.key, -1))
-        if late or self.topics.holding_back:
+        if late or self.topics.suspecting:  # else no partition of them is needed (murmur2)
             answered: dict[str, set[int]] = {}
             for message in reports.delivered:
                 answered.setdefault(message.topic, set()).add(
@@ -995,8 +995,9 @@ class RelayProducer:
                         on_delivery=failed)
             except (BufferError, TypeError, KafkaException):  # not handed over: the careful way
                 self._produce(producer, message, errors, failed)
-        unsent_topics = {m.topic for m in batch.read if m.key in batch.unsent}
-        batch.unsent_open = all(self.topics.sends_to_some(topic) for topic in unsent_topics)
+        if batch.unsent:  # not a pass over every row of the usual batch
+            batch.unsent_open = all(self.topics.sends_to_some(topic) for topic in
+                                    {m.topic for m in batch.read if m.key in batch.unsent})
         self._unacked.append(batch)
         self._poll(producer, 0)
         self._emit(logging.DEBUG, "batch produced",

@@ -390,8 +390,7 @@ class TopicWatch:
         self._tried: set[str] = set()  # topics whose metadata a look already waited for
         self._next_look = 0.0
         self._last_look = 0.0
-        # The partitions whose rows are not sent now; one that can take them again is told to
-        # `on_ready` (True if it was in an outage: its deferred rows are then due at once).
+        # What is not sent now; a partition able again goes to `on_ready` (KeptBack).
         self.kept = KeptBack(on_ready, clock)
 
     def admit(self, messages: Sequence[Any]) -> Unsendable:
@@ -417,6 +416,10 @@ class TopicWatch:
         """Some partition's rows are not sent now (a look, or an answer in time, lifts them)."""
         return bool(self.kept)
 
+    @property
+    def suspecting(self) -> bool:  # a broker suspected of holding up a late partition
+        return bool(self.kept.late)
+
     def _look_interval(self) -> float:
         """Until the next look: sooner while a partition cannot take records."""
         return self.look_unready_s if self.holding_back else self.look_again_s
@@ -437,11 +440,9 @@ class TopicWatch:
         return found
 
     def others_answer(self, topic: str, late: Collection[int], timeout: float) -> bool | None:
-        """Whether a broker that leads none of the `late` partitions answers now: a ListOffsets
-        request to one partition of each such leader (by the last look), sent to that leader
-        itself, unlike a metadata request, which goes to whichever broker the client used last
-        (often the very one that does not answer). True as soon as one answers; None if no
-        other broker is known to lead a partition (the caller asks otherwise)."""
+        """Whether a leader of none of the `late` partitions answers a ListOffsets request sent
+        to it (a metadata request goes to the broker the client used last, often the one that
+        does not answer); None if no other leader is known (the caller asks otherwise)."""
         leaders = self.kept.leaders.get(topic, {})
         suspects = {leaders.get(p, -1) for p in late}
         asked: dict[int, int] = {}
