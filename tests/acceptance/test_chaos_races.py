@@ -8,7 +8,14 @@ from django.db import connection
 
 from reminders.config import DEFAULT_THRESHOLDS
 from tests.support import chaos_report
-from tests.support.chaos import Worker, cycles_start_together, iso, load_spread_documents
+from tests.support.chaos import (
+    Worker,
+    all_running_at_once,
+    cycles_start_together,
+    iso,
+    load_spread_documents,
+    scalar,
+)
 from tests.support.contract import assert_outbox_matches_contract
 from tests.support.factories import Documents
 from tests.support.invariants import check_invariants, documents_md5, snapshot, tally
@@ -38,11 +45,18 @@ def test_four_workers_racing_on_the_same_documents_remind_each_once(
         assert [code for code, _ in exits] == [0] * WORKERS, [w.lines[-5:] for w in workers]
         model.run(docs, as_of, DEFAULT_THRESHOLDS)
         check_invariants(documents_before=before, model=model)
-        split = [w.logged("cycle completed")[0]["owners_notified"] for w in workers]
-        split_per_day.append(split)
+        completed = [w.logged("cycle completed")[0] for w in workers]
+        split_per_day.append([c["owners_notified"] for c in completed])
         if offset == DAYS[0]:
-            # The race is real: on the first day (the whole backlog) 3 of the 4 won owners.
-            assert sum(1 for n in split if n) >= 3, split
+            # The race is run, not one worker after another. On the first day (the whole
+            # backlog, no marker before) the four were running at one instant, and each found
+            # documents due at its start: fewer already marked than the day marked in all. So
+            # each claimed owners the others claimed too. How the owners split among them is the
+            # scheduler's (the worker ahead wins each batch the others then wait on: [0, 6152,
+            # 0, 215] happens), so it is reported, not asserted.
+            assert all_running_at_once([c["run_id"] for c in completed]), completed
+            marked = scalar("select count(distinct document_id) from document_expiry_reminders")
+            assert all(c["skipped_already_marked"] < marked for c in completed), (marked, completed)
 
     figures = tally(snapshot(), model)  # every day's markers and events are still there
     events = len(model.events)

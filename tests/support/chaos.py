@@ -203,5 +203,15 @@ def cycles_start_together(workers: int) -> Iterator[None]:
         holder.rollback()
 
 
+def all_running_at_once(run_ids: list[str]) -> bool:
+    """Whether the runs `run_ids` (from their "cycle completed" lines) were all running at one
+    instant: the last of them started before the first of them finished (the run history's
+    database clock)."""
+    return bool(scalar(
+        "select max(started_at) < min(finished_at) and count(*) = %s"
+        " from profile.document_expiry_reminder_runs where run_id = any(%s::uuid[])",
+        (len(run_ids), run_ids)))
+
+
 def iso(instant: datetime) -> str:
     return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
