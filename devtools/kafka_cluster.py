@@ -96,8 +96,10 @@ def classpath() -> str:
 
 
 def _port_free(port: int) -> bool:
+    """Whether `port` can be bound on loopback by a socket without SO_REUSEADDR: no socket holds
+    it, and no connection of an earlier server is in TIME_WAIT on it. (Kafka's listeners would
+    bind over TIME_WAIT, but a test's proxy on a node's route does not.)"""
     with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("127.0.0.1", port))
         except OSError:

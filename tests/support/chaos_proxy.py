@@ -15,8 +15,12 @@ def _loopback_socket(port: int) -> socket.socket:
     """A TCP socket bound to 127.0.0.1:`port` (0: any free port), sharing the port only with
     the other sockets of this module (SO_REUSEPORT), not listening yet."""
     sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind(("127.0.0.1", port))
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        raise
     return sock
 
 
