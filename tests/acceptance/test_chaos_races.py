@@ -83,6 +83,9 @@ def _race(as_of: datetime) -> list[Worker]:
     assert [code for code, _ in exits] == [0] * WORKERS, [w.lines[-5:] for w in workers]
     # a deadlock would show as a failed batch, retried owner by owner
     assert not any(w.logged("batch failed, retrying owner by owner") for w in workers)
+    # the race is run: the four were running at one instant (which of them won what is the
+    # scheduler's, reported, not asserted)
+    assert all_running_at_once([w.logged("cycle completed")[0]["run_id"] for w in workers])
     return workers
 
 
@@ -120,7 +123,6 @@ def test_four_workers_racing_on_renewed_documents_rearm_each_marker_once(
     check_invariants(documents_before=before, model=model)
     rearmed = [w.logged("cycle completed")[0]["markers_rearmed"] for w in workers]
     assert sum(rearmed) == model.rearmed > marked_before / 2
-    assert sum(1 for n in rearmed if n) > 1, rearmed  # the race is real: several re-armed
     chaos_report.record(
         "races on renewed documents", workers=WORKERS, documents=loaded, renewed=renewed,
         markers_before=marked_before, markers_rearmed=model.rearmed, rearmed_per_worker=rearmed,
