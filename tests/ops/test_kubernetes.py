@@ -24,6 +24,7 @@ import pytest
 import yaml
 from django.core.management import get_commands, load_command_class
 
+from core.exit_codes import ExitCode
 from core.health import Verdict
 from core.ops_server import OpsServer, Probes, parse_listen_addr
 from outbox.config import RelaySettings
@@ -319,6 +320,18 @@ def test_the_migrate_job_migrates_then_grants_as_the_schema_owner(overlay: list[
     [container] = job["spec"]["template"]["spec"]["containers"]
     assert container["args"] == ["python manage.py migrate --no-input && python manage.py apply_db_roles"]
     assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def test_the_migrate_job_is_not_tried_again_where_a_person_must_act(overlay: list[Object]) -> None:
+    """The exit codes that fail the Job at once are those no retry mends (core/exit_codes.py),
+    and name the Job's one container."""
+    [job] = of_kind(overlay, "Job").values()
+    [container] = job["spec"]["template"]["spec"]["containers"]
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    [fail] = [r for r in rules if r["action"] == "FailJob"]
+    assert fail["onExitCodes"] == {"containerName": container["name"], "operator": "In",
+                                   "values": [ExitCode.USAGE, ExitCode.REFUSED]}
+    assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in rules
 
 
 def test_the_service_monitor_scrapes_every_ops_port(overlay: list[Object]) -> None:
