@@ -636,12 +636,13 @@ class StreamLane:
                 detoured_keys.update(m.key for m, _error in reports.detoured)
                 detoured_keys.update(m.key for m, _error in reports.deferred)
                 detoured_keys.update(m.key for m, _why in reports.off_allowlist)
+        if outcome.released and not outcome.published:
+            # before the record: the brokers its probes' answers in time vouch for stay vouched
+            self._producer.late.note_late_alone(batch)
         self._producer.route.record(batch, reports, stream=True)
         if outcome.published or outcome.released:
             self._probe = (frozenset() if outcome.published
                            else frozenset(m.key for m in batch.read[recorded:]))
-        if outcome.released and not outcome.published:
-            self._producer.late.note_late_alone(batch)
         metrics.observe_delivery_latencies(reports.latencies)
         self._producer.batch_recorded(published=outcome.published, released=outcome.released,
                                       first_unavailable=reports.first_unavailable)
